@@ -1,0 +1,1 @@
+"""Kernel catalog, rendering and compiling for CUDA and HIP."""

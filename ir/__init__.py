@@ -1,0 +1,1 @@
+"""The tensor IR: values, ops, tracer, printer, verifier, reference interpreter."""

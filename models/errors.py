@@ -1,0 +1,26 @@
+"""Errors caused by what the user handed us. The CLI reports these as one line and exits 2."""
+
+
+class InputError(ValueError):
+    """Base of every error about bad input (files, metadata, arguments), as opposed to a bug."""
+
+
+class GGUFError(InputError):
+    """A GGUF file failed validation. `field` names what was wrong, `offset` where it was read."""
+
+    def __init__(self, path: str, field: str, problem: str, offset: int | None = None):
+        self.path, self.field, self.problem, self.offset = path, field, problem, offset
+        where = f" (at byte {offset})" if offset is not None else ""
+        super().__init__(f"{path}: {field}: {problem}{where}")
+
+
+class GGUFEndianError(GGUFError):
+    """The file is a big-endian GGUF; only little-endian files are supported."""
+
+
+class ConfigError(InputError):
+    """Model metadata or the tensor table does not describe a model we can run."""
+
+
+class FormatError(InputError):
+    """A tensor format we cannot decode, or data whose size does not fit its format."""

@@ -1,0 +1,45 @@
+"""The `plan` command line: one module per verb (plans/cmd_<verb>.py), errors as one line on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from llmplan.models.errors import InputError
+
+# Each name is a module plans/cmd_<name>.py exposing register(subparsers); the order is --help's.
+COMMANDS = ["info", "make_model"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line instead of argparse's usage dump
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="plan", description="llmplan: ahead-of-time compiler for LLM inference")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+    for name in COMMANDS:
+        importlib.import_module(f"llmplan.plans.cmd_{name}").register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args) or 0
+    except (InputError, OSError) as e:
+        if args.debug:
+            raise
+        msg = f"{e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename and e.strerror else str(e)
+        print(f"plan: error: {msg}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("plan: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

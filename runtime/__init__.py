@@ -1,0 +1,1 @@
+"""Backend drivers, K/V cache, step executor, scheduler, sampler, Python API."""

