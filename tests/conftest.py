@@ -7,7 +7,16 @@ from pathlib import Path
 
 import pytest
 
-FIXTURES = Path(os.environ.get("LLMPLAN_FIXTURES", Path(__file__).resolve().parents[2] / "shared" / "fixtures"))
+
+def _find_fixtures() -> Path:
+    """LLMPLAN_FIXTURES, else the shared/ folder beside the checkout, else the workplace's copy."""
+    if "LLMPLAN_FIXTURES" in os.environ:
+        return Path(os.environ["LLMPLAN_FIXTURES"])
+    candidates = [Path(__file__).resolve().parents[2] / "shared" / "fixtures", Path("/work/shared/fixtures")]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+FIXTURES = _find_fixtures()
 TINY_SPM = FIXTURES / "models" / "tiny-llama-spm-Q4_K_M.gguf"
 TINY_BPE = FIXTURES / "models" / "tiny-llama3-bpe-Q4_K_M.gguf"
 VOCAB_BPE = FIXTURES / "vocab" / "ggml-vocab-llama-bpe.gguf"
