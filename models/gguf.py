@@ -26,7 +26,7 @@ MAX_NAME_BYTES = 63  # ggml's GGML_MAX_NAME is 64 including the terminating NUL
 INT64_MAX = 2**63 - 1
 
 # struct codes of the fixed-size scalar value types
-_SCALAR = {
+SCALAR_CODES = {
     GGUFValueType.UINT8: "B", GGUFValueType.INT8: "b",
     GGUFValueType.UINT16: "H", GGUFValueType.INT16: "h",
     GGUFValueType.UINT32: "I", GGUFValueType.INT32: "i",
@@ -34,7 +34,7 @@ _SCALAR = {
     GGUFValueType.FLOAT32: "f", GGUFValueType.FLOAT64: "d",
     GGUFValueType.BOOL: "B",
 }
-_NUMPY = {
+NUMPY_DTYPES = {
     GGUFValueType.UINT8: "<u1", GGUFValueType.INT8: "<i1",
     GGUFValueType.UINT16: "<u2", GGUFValueType.INT16: "<i2",
     GGUFValueType.UINT32: "<u4", GGUFValueType.INT32: "<i4",
@@ -126,7 +126,7 @@ class _Cursor:
         start = self.pos
         n = self.scalar("Q", f"{field} length")
         if n > self.left():
-            raise self.fail(field, f"string length {n} exceeds the {self.left()} bytes left in the file", start)
+            raise self.fail(field, f"string length {n} exceeds the {self.left()} bytes left in the file (truncated?)", start)
         b = self.raw(n, field)
         try:
             return b.decode("utf-8")
@@ -145,7 +145,7 @@ class _Cursor:
                 self.need(8, f"{field}[{i}] length")
             (n,) = unpack("<Q", buf, pos)
             if n > size - pos - 8:
-                raise self.fail(f"{field}[{i}]", f"string length {n} exceeds the {size - pos - 8} bytes left", pos)
+                raise self.fail(f"{field}[{i}]", f"string length {n} exceeds the {size - pos - 8} bytes left (truncated?)", pos)
             pos += 8
             if pos + n > len(buf):
                 self.pos = pos
@@ -177,23 +177,24 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, field: str) -> MetaValue:
             raise cur.fail(field, "nested arrays are not supported", cur.pos - 4)
         start = cur.pos
         count = cur.scalar("Q", f"{field} count")
-        min_size = 8 if etype == GGUFValueType.STRING else struct.calcsize("<" + _SCALAR[etype])
+        min_size = 8 if etype == GGUFValueType.STRING else struct.calcsize("<" + SCALAR_CODES[etype])
         if count * min_size > cur.left():
             raise cur.fail(field, f"array of {count} {etype.name} needs at least {count * min_size} bytes, "
-                                  f"{cur.left()} left", start)
+                                  f"{cur.left()} left (truncated?)", start)
         if etype == GGUFValueType.STRING:
             return MetaValue(vtype, cur.strings(count, field), etype)
         nbytes = count * min_size
         cur.need(nbytes, field)
-        arr = np.frombuffer(cur.buf, dtype=_NUMPY[etype], count=count, offset=cur.pos).copy()
+        arr = np.frombuffer(cur.buf, dtype=NUMPY_DTYPES[etype], count=count, offset=cur.pos).copy()
         if etype == GGUFValueType.BOOL:
             if np.any(arr > 1):
-                raise cur.fail(field, "bool array holds a byte other than 0 or 1", cur.pos)
+                i = int(np.argmax(arr > 1))
+                raise cur.fail(f"{field}[{i}]", f"bool value is {arr[i]}, not 0 or 1", cur.pos + i)
             arr = arr.astype(bool)
         cur.pos += nbytes
         return MetaValue(vtype, arr, etype)
     start = cur.pos
-    v = cur.scalar(_SCALAR[vtype], field)
+    v = cur.scalar(SCALAR_CODES[vtype], field)
     if vtype == GGUFValueType.BOOL:
         if v > 1:
             raise cur.fail(field, f"bool value is {v}, not 0 or 1", start)
@@ -263,8 +264,8 @@ class GGUFFile:
         self._map: np.memmap | None = None
 
     def _parse(self, cur: _Cursor) -> None:
-        if self.size < 4 or cur.raw(4, "header.magic") != MAGIC:
-            head = bytes(cur.buf[:4]) if self.size >= 4 else b""
+        head = cur.raw(min(4, self.size), "header.magic")
+        if head != MAGIC:
             raise GGUFError(self.path, "header.magic", f"not a GGUF file (starts with {head!r}, expected {MAGIC!r})", 0)
         self.version = cur.scalar("I", "header.version")
         _check_version(cur, self.version)
