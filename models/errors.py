@@ -24,3 +24,4 @@ class ConfigError(InputError):
 
 class FormatError(InputError):
     """A tensor format we cannot decode, or data whose size does not fit its format."""
+

@@ -75,14 +75,14 @@ _BY_TYPE = {f.type: f for f in FORMATS.values()}
 def format_of(t: T | int | str) -> Format:
     """The Format for a GGML type (enum, id or name); unsupported types raise FormatError."""
     if isinstance(t, str):
-        f = FORMATS.get(t.upper())
+        f, name = FORMATS.get(t.upper()), t
     else:
         try:
-            f = _BY_TYPE.get(T(t))
+            t = T(t)
+            f, name = _BY_TYPE.get(t), t.name
         except ValueError:
-            f = None
+            f, name = None, f"type id {t}"
     if f is None:
-        name = t if isinstance(t, str) else getattr(t, "name", t)
         raise FormatError(f"weight format {name} is not supported (supported: {', '.join(FORMATS)})")
     return f
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from llmplan.models.errors import InputError
@@ -30,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args) or 0
+    except BrokenPipeError:  # output piped into something like `head` that stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (InputError, OSError) as e:
         if args.debug:
             raise

@@ -1,0 +1,146 @@
+"""The synthetic-model builder: valid GGUF files with random weights for any llama or gemma3 shape.
+
+Key and tensor names, tensor order and per-tensor formats are llama.cpp's, so llama.cpp loads the
+files. Small models get normally distributed weights quantized with our quantizers; big ones get
+random quantized blocks with sane scales drawn directly (quantizing 8 billion floats would take far
+too long). Every tensor draws from its own generator seeded by (seed, tensor name), so a file is a
+pure function of its arguments.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+from gguf import GGUFValueType as V
+
+from .config import ModelConfig, config_to_metadata
+from .errors import InputError
+from .formats import Format
+from .gguf import GGUFFile, MetaValue
+from .gguf_write import GGUFWriter
+from .model import expected_tensors
+from .presets import PRESETS, preset_config
+from .quantize import quantize, random_blocks
+from .recipes import file_type, tensor_formats
+from .synth_vocab import tokenizer_metadata
+
+WEIGHT_STD = 0.02
+FLOAT_WEIGHTS_MAX_PARAMS = 64_000_000  # above this, draw quantized blocks directly
+_CHUNK_BYTES = 32 << 20
+QUANTIZATION_VERSION = 2
+
+
+@dataclass
+class Build:
+    """What a build will write; `write()` writes it."""
+
+    config: ModelConfig
+    recipe: str
+    seed: int
+    formats: dict[str, Format]
+    shapes: dict[str, tuple[int, ...]]
+    writer: GGUFWriter
+    weights: str  # "float" or "blocks"
+
+    @property
+    def file_size(self) -> int:
+        return self.writer.file_size
+
+    def write(self, progress: bool = True) -> float:
+        """Write the file; returns the seconds it took."""
+        from tqdm import tqdm
+
+        t0 = time.perf_counter()
+        name = os.path.basename(self.writer.path)
+        with tqdm(total=self.file_size, unit="B", unit_scale=True, desc=name, file=sys.stderr,
+                  delay=2.0, disable=not progress) as bar:
+            self.writer.write((self._tensor_data(n) for n in self.shapes), progress=bar.update)
+        return time.perf_counter() - t0
+
+    def _tensor_data(self, name: str) -> Iterator[np.ndarray]:
+        shape, fmt = self.shapes[name], self.formats[name]
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+        if len(shape) == 1:
+            yield quantize(_vector(name, shape[0], self.config, rng), fmt)
+            return
+        ncols, nrows = shape[0], math.prod(shape[1:])
+        rows_per_chunk = max(1, _CHUNK_BYTES // fmt.row_bytes(ncols))
+        for r in range(0, nrows, rows_per_chunk):
+            n = min(rows_per_chunk, nrows - r)
+            if self.weights == "float":
+                x = rng.standard_normal((n, ncols), dtype=np.float32) * np.float32(WEIGHT_STD)
+                yield quantize(x, fmt)
+            else:
+                yield random_blocks(fmt, n * ncols // fmt.block, rng, WEIGHT_STD)
+
+
+def _vector(name: str, n: int, c: ModelConfig, rng: np.random.Generator) -> np.ndarray:
+    if name == "rope_freqs.weight":
+        return llama31_rope_factors(c.head_dim, c.rope_base)
+    # norm weights hover around 1 (Gemma stores them with the +1 already folded in, as llama.cpp expects)
+    return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
+
+
+def llama31_rope_factors(head_dim: int, base: float, factor: float = 8.0, low: float = 1.0, high: float = 4.0,
+                         original_context: int = 8192) -> np.ndarray:
+    """Llama 3.1's per-frequency rope divisors, computed as llama.cpp's converter does."""
+    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    low_wavelen, high_wavelen = original_context / low, original_context / high
+    out = []
+    for f in freqs:
+        wavelen = 2 * math.pi / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (original_context / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)
+
+
+def _vocab_from(path: str) -> list[tuple[str, MetaValue]]:
+    f = GGUFFile(path)
+    keys = [(k, v) for k, v in f.metadata.items() if k.startswith("tokenizer.")]
+    if not any(k == "tokenizer.ggml.tokens" for k, _ in keys):
+        raise InputError(f"{path}: has no tokenizer vocabulary to copy")
+    return keys
+
+
+def plan_build(path: str | os.PathLike, preset: str, recipe: str = "Q4_K_M", seed: int = 0,
+               vocab_from: str | None = None, weights: str = "auto",
+               overrides: dict[str, str] | None = None) -> Build:
+    """Everything about a synthetic model file short of its bytes: config, formats, header, size."""
+    cfg = preset_config(preset, overrides)
+    if vocab_from:
+        tok = _vocab_from(vocab_from)
+        cfg = dataclasses.replace(cfg, vocab_size=len(dict(tok)["tokenizer.ggml.tokens"].value))
+    else:
+        tok = tokenizer_metadata(PRESETS[preset].tokenizer, cfg.vocab_size, seed)
+    shapes = expected_tensors(cfg)
+    formats = tensor_formats(cfg, recipe, shapes)
+    if weights == "auto":
+        params = sum(math.prod(s) for s in shapes.values())
+        weights = "float" if params <= FLOAT_WEIGHTS_MAX_PARAMS else "blocks"
+    elif weights not in ("float", "blocks"):
+        raise InputError(f"weights must be auto, float or blocks, got {weights!r}")
+
+    w = GGUFWriter(path)
+    for k, v in config_to_metadata(cfg):
+        w.add(k, v)
+    w.add("general.file_type", MetaValue(V.UINT32, file_type(recipe)))
+    if any(f.block > 1 for f in formats.values()):
+        w.add("general.quantization_version", MetaValue(V.UINT32, QUANTIZATION_VERSION))
+    for k, v in tok:
+        w.add(k, v)
+    for name, shape in shapes.items():
+        w.add_tensor(name, shape, formats[name].type)
+    return Build(cfg, recipe, seed, formats, shapes, w, weights)

@@ -1,0 +1,74 @@
+"""A model file opened for use: validated GGUF + ModelConfig + every tensor bound by name and shape."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from .config import ModelConfig, config_from_gguf
+from .errors import ConfigError
+from .formats import format_of
+from .gguf import GGUFFile, TensorInfo
+
+
+def expected_tensors(c: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Tensor name -> shape (GGUF order, row length first) that the architecture needs, in llama.cpp's
+    file order: tensors outside the layers sorted by name, then each layer's sorted by name."""
+    top = {"token_embd.weight": (c.dim, c.vocab_size), "output_norm.weight": (c.dim,)}
+    if not c.tied_output:
+        top["output.weight"] = (c.dim, c.vocab_size)
+    if c.rope_freqs:
+        top["rope_freqs.weight"] = (c.rope_dims // 2,)
+    layer = {
+        "attn_norm": (c.dim,),
+        "attn_q": (c.dim, c.q_dim),
+        "attn_k": (c.dim, c.kv_dim),
+        "attn_v": (c.dim, c.kv_dim),
+        "attn_output": (c.q_dim, c.dim),
+        "ffn_norm": (c.dim,),
+        "ffn_gate": (c.dim, c.ffn_dim),
+        "ffn_up": (c.dim, c.ffn_dim),
+        "ffn_down": (c.ffn_dim, c.dim),
+    }
+    if c.qk_norm:
+        layer |= {"attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,)}
+    if c.sandwich_norms:
+        layer |= {"post_attention_norm": (c.dim,), "post_ffw_norm": (c.dim,)}
+    out = dict(sorted(top.items()))
+    for i in range(c.n_layers):
+        out |= {f"blk.{i}.{k}.weight": v for k, v in sorted(layer.items())}
+    return out
+
+
+def bind_tensors(f: GGUFFile, c: ModelConfig) -> dict[str, TensorInfo]:
+    """Check the tensor table against the architecture: nothing missing, nothing extra, shapes and
+    formats as the config implies."""
+    want = expected_tensors(c)
+    missing = [n for n in want if n not in f.tensors]
+    if missing:
+        more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise ConfigError(f"{f.path}: missing tensor {missing[0]} (shape {want[missing[0]]}){more}")
+    extra = [n for n in f.tensors if n not in want]
+    if extra:
+        raise ConfigError(f"{f.path}: unexpected tensor {extra[0]} for architecture {c.arch}")
+    for name, shape in want.items():
+        t = f.tensors[name]
+        if t.shape != shape:
+            raise ConfigError(f"{f.path}: tensor {name} has shape {t.shape}, the config implies {shape}")
+        format_of(t.type)
+    return {n: f.tensors[n] for n in want}
+
+
+@dataclass
+class Model:
+    path: str
+    file: GGUFFile
+    config: ModelConfig
+    weights: dict[str, TensorInfo]
+
+
+def open_model(path: str | os.PathLike) -> Model:
+    """Open, validate and bind a model file; weights stay memory-mapped in the file."""
+    f = GGUFFile(path)
+    c = config_from_gguf(f)
+    return Model(f.path, f, c, bind_tensors(f, c))
