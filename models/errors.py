@@ -25,3 +25,10 @@ class ConfigError(InputError):
 class FormatError(InputError):
     """A tensor format we cannot decode, or data whose size does not fit its format."""
 
+
+class TokenizerError(InputError):
+    """A vocabulary we cannot tokenize with, or text or token ids it cannot take."""
+
+
+class ChatTemplateError(TokenizerError):
+    """A chat template that does not parse, escapes the sandbox, or exceeds its time or size bound."""

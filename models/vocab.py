@@ -1,0 +1,238 @@
+"""The vocabulary of a GGUF model: tokens, scores, token attributes, special ids and flags, validated.
+
+What llama.cpp derives from the metadata beyond the raw arrays is derived the same way here, because
+it changes token ids: its defaults for the special ids and flags per tokenizer model, the tokens it
+promotes to control tokens by their text (end-of-turn, fill-in-the-middle markers), and the
+end-of-generation set. Where llama.cpp would only warn about a special id outside the vocabulary,
+we refuse the file: such an id would be a wrong token in every prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from gguf import GGUFValueType
+
+from .errors import TokenizerError
+from .gguf import GGUFFile
+
+
+class Attr:
+    """Token attribute bits, as llama.cpp's llama_token_attr (plain ints: they are tested per token)."""
+
+    UNDEFINED = 0
+    UNKNOWN = 1 << 0
+    UNUSED = 1 << 1
+    NORMAL = 1 << 2
+    CONTROL = 1 << 3
+    USER_DEFINED = 1 << 4
+    BYTE = 1 << 5
+
+
+# tokenizer.ggml.token_type values (gguf's TokenType: 1 normal ... 6 byte) -> attributes; others undefined
+_TYPE_ATTR = np.array([Attr.UNDEFINED, Attr.NORMAL, Attr.UNKNOWN, Attr.CONTROL, Attr.USER_DEFINED, Attr.UNUSED,
+                       Attr.BYTE], np.int32)
+
+# BPE pre-tokenizer names -> the regex family llama.cpp uses for them
+PRE_TOKENIZERS = {
+    "default": "default",
+    "gpt-2": "gpt2",
+    **{name: "llama3" for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
+                                   "midm-2.0", "lfm2", "jina-v5-nano")},
+}
+
+# Token texts llama.cpp recognises when the metadata does not name the id (llama-vocab.cpp, load()).
+_EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+              "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>")
+_AUTO_IDS = {  # key suffix -> texts that name it; the matching token also becomes a control token
+    "eot": _EOT_TEXTS,
+    "eom": ("<|eom_id|>",),
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_EOG_TEXTS = frozenset({
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~[",
+})
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """Everything the tokenizer needs from the metadata. `kind` is "spm" or "bpe"; ids are None when unset."""
+
+    kind: str
+    tokens: list[str]
+    scores: np.ndarray
+    attrs: list[int]
+    token_to_id: dict[str, int]
+    merges: list[str]
+    pre: str  # BPE regex family: "llama3", "gpt2" or "default"; "" for SPM
+    ignore_merges: bool  # BPE: a pre-token that is a whole token skips the merges
+    bos: int | None
+    eos: int | None
+    eot: int | None
+    unk: int | None
+    add_bos: bool
+    add_eos: bool
+    add_space_prefix: bool
+    eog: frozenset[int]
+    special_ids: tuple[int, ...]  # control, user-defined and unknown tokens, longest text first
+    chat_template: str | None = None
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens)
+
+
+def _array(gguf: GGUFFile, key: str, kinds: tuple[GGUFValueType, ...], n: int | None) -> object:
+    mv = gguf.metadata.get(key)
+    if mv is None:
+        return None
+    if mv.type != GGUFValueType.ARRAY or mv.element_type not in kinds:
+        want = " or ".join(k.name for k in kinds)
+        got = mv.element_type.name if mv.element_type is not None else mv.type.name
+        raise TokenizerError(f"{gguf.path}: {key} must be an array of {want}, is {got}")
+    if n is not None and len(mv.value) < n:
+        raise TokenizerError(f"{gguf.path}: {key} has {len(mv.value)} entries for {n} tokens")
+    return mv.value
+
+
+def _flag(gguf: GGUFFile, key: str, default: bool) -> bool:
+    mv = gguf.metadata.get(key)
+    if mv is None:
+        return default
+    if mv.type != GGUFValueType.BOOL:
+        raise TokenizerError(f"{gguf.path}: {key} must be BOOL, is {mv.type.name}")
+    return bool(mv.value)
+
+
+def _token_id(gguf: GGUFFile, key: str, default: int | None, n: int) -> int | None:
+    if default is not None and default >= n:
+        default = None  # llama.cpp disables a default id the vocabulary does not reach
+    mv = gguf.metadata.get(key)
+    if mv is None:
+        return default
+    if not isinstance(mv.value, (int, np.integer)) or isinstance(mv.value, bool):
+        raise TokenizerError(f"{gguf.path}: {key} must be an integer, is {mv.type.name}")
+    if not 0 <= mv.value < n:
+        raise TokenizerError(f"{gguf.path}: {key} = {mv.value} is outside the vocabulary ({n} tokens)")
+    return int(mv.value)
+
+
+def read_vocab(gguf: GGUFFile) -> Vocab:
+    """The validated vocabulary of `gguf`; raises TokenizerError for anything we cannot tokenize with."""
+    path = gguf.path
+    model = gguf.get("tokenizer.ggml.model")
+    if model is None:
+        raise TokenizerError(f"{path}: no tokenizer.ggml.model: the file carries no tokenizer")
+    if not isinstance(model, str):
+        raise TokenizerError(f"{path}: tokenizer.ggml.model must be a string")
+    if model in ("no_vocab", "none"):
+        raise TokenizerError(f"{path}: the model has no vocabulary (tokenizer.ggml.model = {model!r})")
+    if model not in ("llama", "gpt2"):
+        raise TokenizerError(f"{path}: unsupported tokenizer.ggml.model {model!r} "
+                             "(supported: 'llama' for SentencePiece, 'gpt2' for byte-level BPE)")
+    kind = "spm" if model == "llama" else "bpe"
+
+    tokens = _array(gguf, "tokenizer.ggml.tokens", (GGUFValueType.STRING,), None)
+    if not tokens:
+        raise TokenizerError(f"{path}: tokenizer.ggml.tokens is missing or empty")
+    n = len(tokens)
+    if n >= 2**31:
+        raise TokenizerError(f"{path}: {n} tokens do not fit 32-bit token ids")
+    if "" in tokens:  # llama.cpp names empty tokens so that none of them can match text
+        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    scores = _array(gguf, "tokenizer.ggml.scores", (GGUFValueType.FLOAT32, GGUFValueType.INT32), n)
+    scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores[:n], np.float32)
+    types = _array(gguf, "tokenizer.ggml.token_type", (GGUFValueType.INT32,), n)
+    if types is None:
+        attrs = [Attr.NORMAL] * n
+    else:
+        types = np.asarray(types[:n])
+        attrs = _TYPE_ATTR[np.where((types >= 0) & (types < len(_TYPE_ATTR)), types, 0)].tolist()
+    token_to_id = dict(zip(tokens, range(n)))  # a repeated text maps to its last id, as in llama.cpp
+
+    merges: list[str] = []
+    pre = ""
+    ignore_merges = False
+    if kind == "spm":
+        add_bos, add_space_prefix, defaults = True, True, {"bos": 1, "eos": 2, "unknown": 0}
+    else:
+        merges = _array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,), None)
+        if merges is None:
+            raise TokenizerError(f"{path}: a gpt2 (BPE) vocabulary needs tokenizer.ggml.merges")
+        name = gguf.get("tokenizer.ggml.pre")
+        if name is None or (isinstance(name, str) and not name):
+            name = "default"  # as llama.cpp (which warns)
+        if not isinstance(name, str) or name not in PRE_TOKENIZERS:
+            raise TokenizerError(f"{path}: unknown pre-tokenizer tokenizer.ggml.pre = {name!r} "
+                                 f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        pre = PRE_TOKENIZERS[name]
+        ignore_merges = add_bos = pre == "llama3"
+        add_space_prefix, defaults = False, {"bos": 11, "eos": 11, "unknown": None}
+
+    ids = {k: _token_id(gguf, f"tokenizer.ggml.{k}_token_id", defaults.get(k), n)
+           for k in ("bos", "eos", "unknown", *_AUTO_IDS)}
+    add_bos = _flag(gguf, "tokenizer.ggml.add_bos_token", add_bos)
+    add_eos = _flag(gguf, "tokenizer.ggml.add_eos_token", False)
+    add_space_prefix = _flag(gguf, "tokenizer.ggml.add_space_prefix", add_space_prefix)
+    for name, what in (("bos", add_bos), ("eos", add_eos)):
+        if what and ids[name] is None:
+            raise TokenizerError(f"{path}: tokenizer.ggml.add_{name}_token is set but the vocabulary has no "
+                                 f"{name.upper()} token")
+
+    # Ids named only by their text. Where several texts match, llama.cpp takes the first in its hash
+    # table's order; we take the first in the list's order (<|eot_id|> before <|end_of_text|>).
+    for key, texts in _AUTO_IDS.items():
+        if ids[key] is None:
+            found = next((token_to_id[t] for t in texts if t in token_to_id), None)
+            if found is not None:
+                ids[key] = found
+                attrs[found] |= Attr.CONTROL
+    eog = _end_of_generation(tokens, attrs, token_to_id, ids)
+
+    is_special = np.array(attrs, np.int32) & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
+    special = sorted(np.nonzero(is_special)[0].tolist(), key=lambda i: -len(tokens[i].encode()))
+    template = gguf.get("tokenizer.chat_template")
+    return Vocab(
+        kind=kind, tokens=tokens, scores=scores, attrs=attrs, token_to_id=token_to_id, merges=merges, pre=pre,
+        ignore_merges=ignore_merges, bos=ids["bos"], eos=ids["eos"], eot=ids["eot"], unk=ids["unknown"],
+        add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix, eog=eog,
+        special_ids=tuple(special), chat_template=template if isinstance(template, str) else None,
+    )
+
+
+def _end_of_generation(tokens: list[str], attrs: list[int], token_to_id: dict[str, int],
+                       ids: dict[str, int | None]) -> frozenset[int]:
+    """llama.cpp's special_eog_ids, with the attribute changes it makes on the way."""
+    eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}
+    for text in _EOG_TEXTS:
+        if text in token_to_id:
+            eog.add(token_to_id[text])
+            attrs[token_to_id[text]] |= Attr.CONTROL
+    for text in _ALWAYS_RENDERED:
+        if text in token_to_id:
+            attrs[token_to_id[text]] = Attr.USER_DEFINED
+    eog |= {ids[k] for k in ("eos", "eot", "eom") if ids[k] is not None}
+
+    texts = {tokens[i]: i for i in eog}
+    # harmony / solar-open: "<|end|>" ends a message, not the generation, when these markers exist
+    has_call = "<|call|>" in texts or "<|calls|>" in texts
+    if "<|end|>" in texts and has_call and ("<|return|>" in texts or "<|flush|>" in texts):
+        eog.discard(texts["<|end|>"])
+        attrs[texts["<|end|>"]] = Attr.USER_DEFINED
+    # gemma4 / plamo2: "</s>" is an ordinary token there
+    if "</s>" in texts and ("<|tool_response>" in texts or "<|plamo:eos|>" in texts):
+        eog.discard(texts["</s>"])
+        attrs[texts["</s>"]] = Attr.NORMAL
+    return frozenset(eog)
