@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from .config import ModelConfig, config_from_gguf
 from .errors import ConfigError
-from .formats import format_of
+from .formats import dequantize, format_of
 from .gguf import GGUFFile, TensorInfo
 
 
@@ -65,6 +65,15 @@ class Model:
     file: GGUFFile
     config: ModelConfig
     weights: dict[str, TensorInfo]
+
+    def dequantize(self, name: str):
+        """One weight as float32 in NumPy order (rows first): [out, in] for a matrix."""
+        t = self.weights[name]
+        return dequantize(self.file.tensor_bytes(name), t.type, t.shape[::-1])
+
+    def weight_table(self) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Tensor name -> (format name, shape in NumPy order: rows first), what the tracer types weights by."""
+        return {n: (t.type.name, t.shape[::-1]) for n, t in self.weights.items()}
 
 
 def open_model(path: str | os.PathLike) -> Model:

@@ -28,6 +28,31 @@ def pytest_addoption(parser):
     parser.addoption("--update-goldens", action="store_true", help="rewrite golden files instead of comparing")
 
 
+GOLDENS = Path(__file__).parent / "goldens"
+
+
+@pytest.fixture
+def golden(request):
+    """compare(name, text): text must equal tests/goldens/<name> exactly; `pytest --update-goldens`
+    rewrites the file instead (review its diff like code)."""
+    import difflib
+
+    def compare(name: str, text: str) -> None:
+        path = GOLDENS / name
+        if request.config.getoption("--update-goldens"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            return
+        if not path.exists():
+            pytest.fail(f"golden file {path} is missing; create it with pytest --update-goldens")
+        want = path.read_text()
+        if text != want:
+            diff = "".join(difflib.unified_diff(want.splitlines(True), text.splitlines(True), str(path), "actual", n=2))
+            pytest.fail(f"output differs from golden {path} (pytest --update-goldens rewrites it):\n{diff[:6000]}")
+
+    return compare
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():

@@ -1,0 +1,269 @@
+"""The op registry: every op's operands, attributes, and type inference, in one place.
+
+An op's `infer` checks its operand types and attributes and returns its result types; the tracer
+uses it to type new nodes and the verifier to re-check every node. Semantics (what each op computes)
+are given in each op's docstring and implemented by the reference interpreter (ir/interpret.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .errors import IRTypeError
+from .types import Dim, Type
+
+ATTR_KINDS = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    operands: tuple[str, ...]  # a trailing "?" marks an optional operand (only last ones)
+    attrs: dict[str, str]  # name -> kind in ATTR_KINDS
+    infer: Callable[[list[Type], dict[str, Any]], tuple[Type, ...]]
+    doc: str
+
+    @property
+    def min_operands(self) -> int:
+        return sum(1 for o in self.operands if not o.endswith("?"))
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def op(operands: str, **attrs: str) -> Callable:
+    """Register the decorated inference function as op `<function name>`; its docstring is the op's."""
+
+    def register(infer: Callable) -> Callable:
+        name = infer.__name__.rstrip("_")
+        REGISTRY[name] = OpDef(name, tuple(operands.split()), attrs, infer, (infer.__doc__ or "").strip())
+        return infer
+
+    return register
+
+
+def _need(ok: bool, message: str) -> None:
+    if not ok:
+        raise IRTypeError(message)
+
+
+def _dtype(t: Type, *dtypes: str, what: str) -> None:
+    _need(t.dtype in dtypes, f"{what} must be {' or '.join(dtypes)}, is {t}")
+
+
+def _rank(t: Type, rank: int, what: str) -> None:
+    _need(t.rank == rank, f"{what} must have rank {rank}, is {t}")
+
+
+def _same(a: Dim, b: Dim, what: str) -> None:
+    _need(a == b, f"{what}: {a} != {b}")
+
+
+# --- graph leaves ------------------------------------------------------------------------------
+
+@op("", name="str")
+def input_(ts, a):
+    """A value the caller binds when the graph runs (token ids, positions, the K/V cache)."""
+    raise AssertionError("inputs are typed by their declaration")
+
+
+@op("", name="str")
+def weight(ts, a):
+    """A model tensor, named by its GGUF tensor name; its type is the tensor's format and shape."""
+    raise AssertionError("weights are typed by their declaration")
+
+
+# --- the decoder's ops -------------------------------------------------------------------------
+
+@op("table tokens")
+def embed(ts, a):
+    """Row `tokens[r]` of the (dequantized) table for every row r."""
+    table, tokens = ts
+    _rank(table, 2, "embed table")
+    _dtype(tokens, "i32", what="embed tokens")
+    _rank(tokens, 1, "embed tokens")
+    return (Type("f32", (tokens.shape[0], table.shape[1])),)
+
+
+@op("x w", eps="float")
+def rmsnorm(ts, a):
+    """x / sqrt(mean(x^2) + eps) * w over groups of len(w) consecutive features (the whole row, or
+    each attention head for query/key norms)."""
+    x, w = ts
+    _dtype(x, "f32", what="rmsnorm input")
+    _dtype(w, "f32", what="rmsnorm weight")
+    _rank(w, 1, "rmsnorm weight")
+    _need(isinstance(x.shape[-1], int) and x.shape[-1] % w.shape[0] == 0,
+          f"rmsnorm weight of {w.shape[0]} does not divide the row of {x}")
+    return (x,)
+
+
+# Activations are packed to the format the weight's dot product takes, as llama.cpp's CPU backend
+# does: 32-value blocks with an f16 scale (q8_0; q8_1 adds the block sum for formats with a min) for
+# the 32-value weight formats, 256-value blocks with an f32 scale (q8_k) for the K-quants.
+ACTIVATION_FORMAT = {
+    "f32": "f32", "f16": "f16", "bf16": "bf16",
+    "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0", "q4_1": "q8_1", "q5_1": "q8_1",
+    "q2_k": "q8_k", "q3_k": "q8_k", "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k",
+}
+PACK_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}
+
+
+@op("x", format="str")
+def pack(ts, a):
+    """x rounded to the activation format `format`: 8-bit blocks (q8_0, q8_1: 32 values and an f16
+    scale amax/127; q8_k: 256 values and an f32 scale) or f16/bf16 values."""
+    (x,) = ts
+    _dtype(x, "f32", what="pack input")
+    fmt = a["format"]
+    _need(fmt in PACK_BLOCK, f"pack format must be one of {', '.join(PACK_BLOCK)}, is {fmt!r}")
+    _need(isinstance(x.shape[-1], int) and x.shape[-1] % PACK_BLOCK[fmt] == 0,
+          f"{fmt} blocks of {PACK_BLOCK[fmt]} do not divide the rows of {x}")
+    return (x.with_dtype(fmt),)
+
+
+@op("x w")
+def matmul(ts, a):
+    """x @ dequantize(w).T: w has shape [out, in]; x comes in the weight's activation format
+    (ACTIVATION_FORMAT)."""
+    x, w = ts
+    _need(w.dtype in ACTIVATION_FORMAT, f"matmul weight format {w.dtype} is not supported")
+    _dtype(x, ACTIVATION_FORMAT[w.dtype], what=f"matmul input for a {w.dtype} weight")
+    _rank(x, 2, "matmul input")
+    _rank(w, 2, "matmul weight")
+    _same(x.shape[1], w.shape[1], "matmul inner dimension")
+    return (Type("f32", (x.shape[0], w.shape[0])),)
+
+
+@op("x pos factors?", heads="int", dims="int", base="float", scale="float", mode="str")
+def rope(ts, a):
+    """Rotary position embedding of each head's first `dims` features at position pos[r] * scale;
+    frequency i is base^(-2i/dims), divided by factors[i] when given. mode "norm" rotates adjacent
+    pairs (2i, 2i+1) (llama), "neox" pairs (i, i + dims/2) (gemma)."""
+    x, pos = ts[0], ts[1]
+    _dtype(x, "f32", what="rope input")
+    _dtype(pos, "i32", what="rope positions")
+    _same(pos.shape[0], x.shape[0], "rope positions vs rows")
+    _need(a["mode"] in ("norm", "neox"), f"rope mode must be norm or neox, is {a['mode']!r}")
+    _need(x.shape[1] % a["heads"] == 0 and a["dims"] <= x.shape[1] // a["heads"],
+          f"rope over {a['heads']} heads x {a['dims']} dims does not fit {x}")
+    if len(ts) == 3:
+        _same(ts[2].shape, (a["dims"] // 2,), "rope factors")
+    return (x,)
+
+
+def _cache(t: Type, what: str) -> None:
+    _dtype(t, "f16", what=what)
+    _rank(t, 5, what)  # [layers, 2 (K, V), slots, ctx, kv features]
+
+
+@op("cache k v seq pos", layer="int")
+def kv_store(ts, a):
+    """The cache with K row r and V row r written, rounded to f16, at [layer, slot seq[r], position
+    pos[r]]."""
+    cache, k, v, seq, pos = ts
+    _cache(cache, "kv_store cache")
+    _need(0 <= a["layer"] < cache.shape[0] if isinstance(cache.shape[0], int) else True,
+          f"layer {a['layer']} outside the cache's {cache.shape[0]} layers")
+    for t, what in ((k, "K"), (v, "V")):
+        _dtype(t, "f32", what=f"kv_store {what}")
+        _same(t.shape[1], cache.shape[4], f"kv_store {what} width vs cache")
+        _same(t.shape[0], seq.shape[0], f"kv_store {what} rows vs seq")
+    _dtype(seq, "i32", what="kv_store seq")
+    _dtype(pos, "i32", what="kv_store pos")
+    return (cache,)
+
+
+@op("q cache seq pos", layer="int", heads="int", kv_heads="int", scale="float", window="int")
+def attention(ts, a):
+    """Causal attention of query row r (heads of q) over slot seq[r] of the cache's layer, positions
+    p <= pos[r] (and pos[r] - p < window when window > 0): softmax(q.K^T * scale) V, query heads
+    h reading K/V head h // (heads / kv_heads)."""
+    q, cache, seq, pos = ts
+    _dtype(q, "f32", what="attention query")
+    _cache(cache, "attention cache")
+    h, kvh = a["heads"], a["kv_heads"]
+    _need(kvh >= 1 and h % kvh == 0 and q.shape[1] % h == 0, f"attention heads {h}/{kvh} do not fit {q}")
+    _same(q.shape[1] // h * kvh, cache.shape[4], "attention K/V width vs cache")
+    _same(seq.shape[0], q.shape[0], "attention seq vs rows")
+    _same(pos.shape[0], q.shape[0], "attention pos vs rows")
+    return (q,)
+
+
+def _elementwise(ts):
+    a, b = ts
+    _need(a == b, f"operand types differ: {a} vs {b}")
+    _dtype(a, "f32", what="operand")
+    return (a,)
+
+
+@op("a b")
+def add(ts, a):
+    """a + b"""
+    return _elementwise(ts)
+
+
+@op("a b")
+def mul(ts, a):
+    """a * b"""
+    return _elementwise(ts)
+
+
+@op("x", factor="float")
+def scale(ts, a):
+    """x * factor"""
+    _dtype(ts[0], "f32", what="scale input")
+    return (ts[0],)
+
+
+@op("x")
+def silu(ts, a):
+    """x * sigmoid(x)"""
+    _dtype(ts[0], "f32", what="silu input")
+    return (ts[0],)
+
+
+@op("x")
+def gelu_tanh(ts, a):
+    """0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))"""
+    _dtype(ts[0], "f32", what="gelu_tanh input")
+    return (ts[0],)
+
+
+@op("x", cap="float")
+def softcap(ts, a):
+    """tanh(x / cap) * cap"""
+    _dtype(ts[0], "f32", what="softcap input")
+    return (ts[0],)
+
+
+@op("x rows")
+def take_rows(ts, a):
+    """Rows rows[i] of x, in order: the last row of each sequence in a prefill chunk."""
+    x, rows = ts
+    _dtype(rows, "i32", what="take_rows indices")
+    _rank(rows, 1, "take_rows indices")
+    return (x.with_shape(rows.shape[0], *x.shape[1:]),)
+
+
+def check_attrs(opdef: OpDef, attrs: dict[str, Any]) -> None:
+    missing = set(opdef.attrs) - set(attrs)
+    extra = set(attrs) - set(opdef.attrs)
+    _need(not missing and not extra, f"{opdef.name} attributes: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for k, kind in opdef.attrs.items():
+        v = attrs[k]
+        ok = isinstance(v, ATTR_KINDS[kind]) and not (kind != "bool" and isinstance(v, bool))
+        if kind == "float" and isinstance(v, int) and not isinstance(v, bool):
+            ok = False  # floats stay floats so printing is unambiguous
+        _need(ok, f"{opdef.name} attribute {k}={v!r} must be {kind}")
+
+
+def infer(name: str, operand_types: list[Type], attrs: dict[str, Any]) -> tuple[Type, ...]:
+    opdef = REGISTRY.get(name)
+    _need(opdef is not None, f"unknown op {name!r}")
+    n = len(operand_types)
+    _need(opdef.min_operands <= n <= len(opdef.operands),
+          f"{name} takes {opdef.min_operands}..{len(opdef.operands)} operands, got {n}")
+    check_attrs(opdef, attrs)
+    return opdef.infer(operand_types, attrs)

@@ -1,0 +1,115 @@
+"""The tracer: model definitions call ops on traced values, and the calls record a graph.
+
+A model definition (models/llama.py, models/gemma3.py) is ordinary Python that receives a Tracer as
+`nn` and calls `nn.rmsnorm(x, w, eps=...)`, `nn.matmul(x, w)` and every other op of the registry by
+name; each call types its result through the op's schema, so a mistake in a definition fails at the
+line that made it. The phase decides the graph's inputs (`nn.tokens`, `nn.pos`, `nn.seq`, `nn.cache`)
+and what `nn.last_rows` does. Tracing runs once per (architecture, phase, weight table).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Callable
+
+from .graph import Graph, Node, Value, make_node
+from .ops import ACTIVATION_FORMAT, REGISTRY, infer
+from .types import Dim, Type
+
+PHASES = ("prefill", "decode", "decode-batch")
+# rows of activations in each phase: a prefill chunk holds the tokens of all its sequences; a decode
+# step one row; a batched decode step one row per running sequence
+_ROWS: dict[str, Dim] = {"prefill": "rows", "decode": 1, "decode-batch": "seqs"}
+
+
+class Traced:
+    """A value under construction; only the tracer that made it can use it."""
+
+    __slots__ = ("tracer", "value", "type")
+
+    def __init__(self, tracer: Tracer, value: Value, type: Type):
+        self.tracer, self.value, self.type = tracer, value, type
+
+    def __repr__(self) -> str:
+        return f"<traced {self.type}>"
+
+
+class Tracer:
+    def __init__(self, name: str, phase: str, weights: dict[str, Type], cache: Type):
+        if phase not in PHASES:
+            raise ValueError(f"unknown phase {phase!r} (phases: {', '.join(PHASES)})")
+        self.name, self.phase = name, phase
+        self._weight_types = weights
+        self._nodes: list[Node] = []
+        self._weights: dict[str, Traced] = {}
+        self._packed: dict[tuple[Value, str], Traced] = {}
+        rows = _ROWS[phase]
+        self.tokens = self._input("tokens", Type("i32", (rows,)))
+        self.pos = self._input("pos", Type("i32", (rows,)))
+        self.seq = self._input("seq", Type("i32", (rows,)))
+        self.last = self._input("last", Type("i32", ("seqs",))) if phase == "prefill" else None
+        self.cache = self._input("cache", cache)
+
+    def _add(self, op: str, operands: list[Traced], attrs: dict[str, Any], types: tuple[Type, ...]) -> list[Traced]:
+        node = make_node(len(self._nodes), op, [t.value for t in operands], attrs, types)
+        self._nodes.append(node)
+        return [Traced(self, Value(node.id, i), t) for i, t in enumerate(types)]
+
+    def _input(self, name: str, t: Type) -> Traced:
+        return self._add("input", [], {"name": name}, (t,))[0]
+
+    def weight(self, name: str) -> Traced:
+        if name not in self._weights:
+            if name not in self._weight_types:
+                raise KeyError(f"the model has no tensor {name}")
+            self._weights[name] = self._add("weight", [], {"name": name}, (self._weight_types[name],))[0]
+        return self._weights[name]
+
+    def emit(self, op: str, *operands: Traced, **attrs: Any) -> Traced | tuple[Traced, ...]:
+        for o in operands:
+            if not isinstance(o, Traced) or o.tracer is not self:
+                raise TypeError(f"{op}: operand {o!r} is not a value of this trace")
+        types = infer(op, [o.type for o in operands], attrs)
+        out = self._add(op, list(operands), attrs, types)
+        return out[0] if len(out) == 1 else tuple(out)
+
+    def __getattr__(self, op: str) -> Callable[..., Any]:
+        if op in REGISTRY and op not in ("input", "weight", "pack"):
+            return lambda *operands, **attrs: self.emit(op, *operands, **attrs)
+        raise AttributeError(op)
+
+    def matmul(self, x: Traced, w: Traced) -> Traced:
+        """x @ w.T, with x first packed to the activation format w's dot product takes (one pack per
+        value and format, shared by every projection that reads it)."""
+        fmt = ACTIVATION_FORMAT.get(w.type.dtype, "f32")
+        if fmt != x.type.dtype:
+            key = (x.value, fmt)
+            if key not in self._packed:
+                self._packed[key] = self.emit("pack", x, format=fmt)
+            x = self._packed[key]
+        return self.emit("matmul", x, w)
+
+    def last_rows(self, x: Traced) -> Traced:
+        """The rows whose next token is wanted: each sequence's last row in prefill, every row in decode."""
+        return self.emit("take_rows", x, self.last) if self.phase == "prefill" else x
+
+    def finish(self, **outputs: Traced) -> Graph:
+        return Graph(f"{self.name}.{self.phase}", self._nodes, [(k, v.value) for k, v in outputs.items()])
+
+
+@lru_cache(maxsize=32)
+def _trace_cached(config, weights: tuple[tuple[str, Type], ...], phase: str) -> Graph:
+    from llmplan.models.architectures import definition
+
+    c = config
+    cache = Type("f16", (c.n_layers, 2, "slots", "ctx", c.kv_dim))
+    nn = Tracer(c.arch, phase, dict(weights), cache)
+    logits, cache_out = definition(c.arch)(nn, c)
+    return nn.finish(logits=logits, cache=cache_out)
+
+
+def trace_model(config, weights: dict[str, tuple[str, tuple[int, ...]]], phase: str) -> Graph:
+    """The graph of one phase of a model. `weights` maps tensor names to (format, shape in NumPy
+    order); `config` is a models.config.ModelConfig."""
+    table = tuple(sorted((n, Type(fmt.lower(), tuple(shape))) for n, (fmt, shape) in weights.items()))
+    return _trace_cached(config, table, phase)
