@@ -18,10 +18,12 @@ WeightFn = Callable[[str], np.ndarray]
 
 
 def _rmsnorm(a, x, w):
+    # llama.cpp's order: squares in f32 summed in f64, then mean, scale and products in f32
     g = w.shape[0]
-    xs = x.reshape(*x.shape[:-1], -1, g).astype(np.float64)
-    inv = 1.0 / np.sqrt(np.mean(xs * xs, axis=-1, keepdims=True) + a["eps"])
-    return ((xs * inv).astype(np.float32) * w).reshape(x.shape)
+    xs = x.reshape(*x.shape[:-1], -1, g)
+    mean = ((xs * xs).astype(np.float64).sum(axis=-1, keepdims=True) / g).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(a["eps"]))
+    return ((xs * scale) * w).reshape(x.shape)
 
 
 def _rope(a, x, pos, factors=None):
@@ -59,15 +61,18 @@ def _attention(a, q, cache, seq, pos):
     d = width // heads
     group = heads // kv_heads
     out = np.empty_like(q)
+    # Q and the softmax weights meet the f16 cache as f16, as in llama.cpp and in f16 matrix-unit
+    # kernels; products accumulate in f32 and the scale applies to the f32 scores
+    q = q.astype(np.float16).astype(np.float32)
     for r in range(rows):
         p = int(pos[r])
         first = max(0, p - window + 1) if window > 0 else 0
         k = cache[layer, 0, seq[r], first : p + 1].astype(np.float32).reshape(-1, kv_heads, d)
         v = cache[layer, 1, seq[r], first : p + 1].astype(np.float32).reshape(-1, kv_heads, d)
         qh = q[r].reshape(kv_heads, group, d)
-        s = np.einsum("hgd,nhd->hgn", qh, k).astype(np.float64) * a["scale"]
-        s = np.exp(s - s.max(axis=-1, keepdims=True))
-        pr = (s / s.sum(axis=-1, keepdims=True)).astype(np.float32)
+        s = np.einsum("hgd,nhd->hgn", qh, k) * np.float32(a["scale"])
+        e = np.exp(s - s.max(axis=-1, keepdims=True))
+        pr = (e / e.sum(axis=-1, keepdims=True)).astype(np.float16).astype(np.float32)
         out[r] = np.einsum("hgn,nhd->hgd", pr, v).reshape(width)
     return out
 

@@ -48,6 +48,9 @@ def test_rope_is_a_rotation_by_position(mode):
 
 
 def _naive_attention(q, k_all, v_all, pos, heads, kv_heads, scale, window):
+    """Per row and head; Q and the softmax weights rounded to f16 like the f16 K/V they meet."""
+    f16 = lambda a: np.asarray(a, np.float16).astype(np.float64)  # noqa: E731
+    q = f16(q)
     d = q.shape[1] // heads
     out = np.zeros_like(q)
     for r in range(q.shape[0]):
@@ -56,7 +59,7 @@ def _naive_attention(q, k_all, v_all, pos, heads, kv_heads, scale, window):
             keys = [j for j in range(pos[r] + 1) if window == 0 or pos[r] - j < window]
             s = np.array([q[r, h * d:(h + 1) * d] @ k_all[j, kvh * d:(kvh + 1) * d] for j in keys]) * scale
             p = np.exp(s - s.max())
-            p /= p.sum()
+            p = f16(p / p.sum())
             out[r, h * d:(h + 1) * d] = sum(pj * v_all[j, kvh * d:(kvh + 1) * d] for pj, j in zip(p, keys))
     return out
 
