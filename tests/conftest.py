@@ -53,6 +53,19 @@ def golden(request):
     return compare
 
 
+@pytest.fixture
+def cli(capsys):
+    """cli(*argv) runs `plan` in this process and returns (exit code, stdout, stderr)."""
+    from llmplan.plans.cli import main
+
+    def run(*argv):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     if not FIXTURES.is_dir():

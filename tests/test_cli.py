@@ -11,14 +11,8 @@ from conftest import TINY_BPE, TINY_SPM, VOCAB_SPM
 from llmplan.plans.cli import main
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_info_text(capsys):
-    code, out, err = run(capsys, "info", TINY_SPM)
+def test_info_text(cli):
+    code, out, err = cli("info", TINY_SPM)
     assert code == 0 and err == ""
     assert 'llama "tiny-llama-spm"' in out
     assert "layers 4, dim 512, heads 8 x 64, kv heads 2, ffn 1536, vocab 3000" in out
@@ -26,8 +20,8 @@ def test_info_text(capsys):
     assert "decode reads 8500992 bytes" in out
 
 
-def test_info_json(capsys, gemma3_path):
-    code, out, _ = run(capsys, "info", gemma3_path, "--json")
+def test_info_json(cli, gemma3_path):
+    code, out, _ = cli("info", gemma3_path, "--json")
     d = json.loads(out)
     assert code == 0 and d["architecture"] == "gemma3"
     c = d["config"]
@@ -41,34 +35,34 @@ def test_info_json(capsys, gemma3_path):
     assert d["decode_bytes_per_token"] == d["tensor_bytes"] + 640 // 32 * 34
 
 
-def test_info_bpe_and_vocab_only(capsys):
-    code, out, _ = run(capsys, "info", TINY_BPE, "--json")
+def test_info_bpe_and_vocab_only(cli):
+    code, out, _ = cli("info", TINY_BPE, "--json")
     d = json.loads(out)
     assert d["tokenizer"]["kind"] == "byte-level BPE" and d["tokenizer"]["pre"] == "llama-bpe"
     assert d["config"]["rope_freqs"] is True
-    code, out, _ = run(capsys, "info", VOCAB_SPM)
+    code, out, _ = cli("info", VOCAB_SPM)
     assert code == 0 and "tensors: none (vocabulary-only file)" in out
 
 
-def _one_line_error(capsys, *argv, match):
-    code, out, err = run(capsys, *argv)
+def _one_line_error(cli, *argv, match):
+    code, out, err = cli(*argv)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and err.startswith("plan: error: ") and match in err, err
     assert "Traceback" not in err
 
 
-def test_bad_files(capsys, tmp_path):
-    _one_line_error(capsys, "info", tmp_path / "missing.gguf", match="No such file or directory")
-    _one_line_error(capsys, "info", tmp_path, match="Is a directory")
+def test_bad_files(cli, tmp_path):
+    _one_line_error(cli, "info", tmp_path / "missing.gguf", match="No such file or directory")
+    _one_line_error(cli, "info", tmp_path, match="Is a directory")
     text = tmp_path / "notes.txt"
     text.write_text("hello world, this is not a model\n")
-    _one_line_error(capsys, "info", text, match="not a GGUF file")
+    _one_line_error(cli, "info", text, match="not a GGUF file")
     trunc = tmp_path / "trunc.gguf"
     trunc.write_bytes(TINY_SPM.read_bytes()[:5000])
-    _one_line_error(capsys, "info", trunc, match="truncated")
+    _one_line_error(cli, "info", trunc, match="truncated")
     empty = tmp_path / "empty.gguf"
     empty.write_bytes(b"")
-    _one_line_error(capsys, "info", empty, match="not a GGUF file")
+    _one_line_error(cli, "info", empty, match="not a GGUF file")
 
 
 def test_usage_errors_are_one_line(capsys):
@@ -81,24 +75,24 @@ def test_usage_errors_are_one_line(capsys):
     assert e.value.code == 2 and "invalid choice" in capsys.readouterr().err
 
 
-def test_make_model(capsys, tmp_path):
+def test_make_model(cli, tmp_path):
     out_path = tmp_path / "tiny.gguf"
-    code, out, _ = run(capsys, "make-model", "--preset", "tiny-llama", "-o", out_path)
+    code, out, _ = cli("make-model", "--preset", "tiny-llama", "-o", out_path)
     assert code == 0 and out.startswith(f"wrote {out_path}: tiny-llama Q4_K_M, 21 tensors")
-    code, out, _ = run(capsys, "info", out_path, "--json")
+    code, out, _ = cli("info", out_path, "--json")
     assert json.loads(out)["config"]["n_layers"] == 2
-    _one_line_error(capsys, "make-model", "--preset", "tiny-llama", "-o", out_path, match="exists; pass --force")
-    code, _, _ = run(capsys, "make-model", "--preset", "tiny-llama", "-o", out_path, "--force", "--seed", "3")
+    _one_line_error(cli, "make-model", "--preset", "tiny-llama", "-o", out_path, match="exists; pass --force")
+    code, _, _ = cli("make-model", "--preset", "tiny-llama", "-o", out_path, "--force", "--seed", "3")
     assert code == 0
-    _one_line_error(capsys, "make-model", "--preset", "tiny-llama", "-o", tmp_path, match="is a directory")
-    _one_line_error(capsys, "make-model", "--preset", "tiny-llama", "--set", "dim", "-o", tmp_path / "x.gguf",
+    _one_line_error(cli, "make-model", "--preset", "tiny-llama", "-o", tmp_path, match="is a directory")
+    _one_line_error(cli, "make-model", "--preset", "tiny-llama", "--set", "dim", "-o", tmp_path / "x.gguf",
                     match="--set expects FIELD=VALUE")
-    _one_line_error(capsys, "make-model", "--preset", "tiny-llama", "--set", "n_heads=3", "-o", tmp_path / "x.gguf",
+    _one_line_error(cli, "make-model", "--preset", "tiny-llama", "--set", "n_heads=3", "-o", tmp_path / "x.gguf",
                     match="does not divide")
 
 
-def test_make_model_dry_run_json(capsys, tmp_path):
-    code, out, _ = run(capsys, "make-model", "--preset", "llama3-8b", "--dry-run", "--json", "-o", tmp_path / "8b.gguf")
+def test_make_model_dry_run_json(cli, tmp_path):
+    code, out, _ = cli("make-model", "--preset", "llama3-8b", "--dry-run", "--json", "-o", tmp_path / "8b.gguf")
     d = json.loads(out)
     assert code == 0 and not d["written"] and not (tmp_path / "8b.gguf").exists()
     assert d["formats"]["Q6_K"]["count"] == 33 and d["formats"]["Q4_K"]["count"] == 193

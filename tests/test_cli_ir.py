@@ -7,28 +7,21 @@ from gguf import GGUFValueType as V
 
 from conftest import GOLDENS, REFERENCE, TINY_SPM
 from llmplan.models.gguf import MetaValue
-from llmplan.plans.cli import main
 from model_files import rewrite
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_prints_the_golden_graph(capsys):
-    code, out, _ = run(capsys, "ir", TINY_SPM, "--phase", "prefill")
+def test_prints_the_golden_graph(cli):
+    code, out, _ = cli("ir", TINY_SPM, "--phase", "prefill")
     assert code == 0 and out == (GOLDENS / "ir" / "tiny-llama-spm.prefill.ir").read_text()
-    code, out, _ = run(capsys, "ir", TINY_SPM, "--json")
+    code, out, _ = cli("ir", TINY_SPM, "--json")
     d = json.loads(out)
     assert d["graph"] == "llama.decode" and d["op_counts"]["attention"] == 4 and d["text"].startswith("graph ")
 
 
-def test_eval_matches_llama_cpp(capsys, tmp_path):
+def test_eval_matches_llama_cpp(cli, tmp_path):
     ref = json.loads((REFERENCE / "ref_tiny-llama-spm-Q4_K_M.json").read_text())["generate"][0]
     dump = tmp_path / "logits.npz"
-    code, out, _ = run(capsys, "ir", TINY_SPM, "--eval", ref["prompt"], "-n", "8", "--json", "--dump-logits", dump)
+    code, out, _ = cli("ir", TINY_SPM, "--eval", ref["prompt"], "-n", "8", "--json", "--dump-logits", dump)
     d = json.loads(out)
     assert code == 0 and d["prompt_ids"] == ref["prompt_ids"]
     assert d["ids"] == ref["greedy_ids"][:8]  # the first low-margin step of this prompt is 24
@@ -38,20 +31,20 @@ def test_eval_matches_llama_cpp(capsys, tmp_path):
     assert ours.dtype == np.float32 and ((ours - theirs) ** 2).sum() / (theirs**2).sum() < 1e-3
 
 
-def test_eval_text_output(capsys):
-    code, out, err = run(capsys, "ir", TINY_SPM, "--eval", "Once upon a time", "-n", "3")
+def test_eval_text_output(cli):
+    code, out, err = cli("ir", TINY_SPM, "--eval", "Once upon a time", "-n", "3")
     assert code == 0 and out.endswith("\n") and "3 tokens at" in err
 
 
-def test_unsupported_architecture(capsys, tmp_path):
+def test_unsupported_architecture(cli, tmp_path):
     bert = rewrite(TINY_SPM, tmp_path / "bert.gguf", set_meta={"general.architecture": MetaValue(V.STRING, "bert")})
-    code, out, err = run(capsys, "ir", bert)
+    code, out, err = cli("ir", bert)
     assert code == 2 and out == "" and err.count("\n") == 1
     assert "architecture 'bert' is not supported (supported: llama, gemma3)" in err
 
 
-def test_bad_arguments(capsys):
-    code, _, err = run(capsys, "ir", TINY_SPM, "--dump-logits", "x.npz")
+def test_bad_arguments(cli):
+    code, _, err = cli("ir", TINY_SPM, "--dump-logits", "x.npz")
     assert code == 2 and "--dump-logits needs --eval" in err
-    code, _, err = run(capsys, "ir", TINY_SPM, "--eval", "hi", "-n", "100000")
+    code, _, err = cli("ir", TINY_SPM, "--eval", "hi", "-n", "100000")
     assert code == 2 and "exceed the model's context of 4096" in err
