@@ -55,25 +55,38 @@ def _kv_store(a, cache, k, v, seq, pos):
     return cache
 
 
+def _attend(qh, cache, layer, slot, lo, hi, scale):
+    """One slice of positions [lo, hi) of a row's context, for all heads: (exp-weighted V sum, max
+    score, exp sum). Q (already f16-rounded) and the exp weights meet the f16 cache as f16, as in f16
+    matrix-unit kernels; products accumulate in f32. Shared by attention and attention_partial so a
+    context that fits one slice gives bit-identical results either way."""
+    kv_heads, group, d = qh.shape
+    k = cache[layer, 0, slot, lo:hi].astype(np.float32).reshape(-1, kv_heads, d)
+    v = cache[layer, 1, slot, lo:hi].astype(np.float32).reshape(-1, kv_heads, d)
+    s = np.einsum("hgd,nhd->hgn", qh, k) * np.float32(scale)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - m)
+    acc = np.einsum("hgn,nhd->hgd", e.astype(np.float16).astype(np.float32), v)
+    return acc.reshape(kv_heads * group, d), m.reshape(-1), e.sum(axis=-1).reshape(-1)
+
+
+def _first(a, p: int) -> int:
+    return max(0, p - a["window"] + 1) if a["window"] > 0 else 0
+
+
+def _heads(a, q):
+    heads, kv_heads = a["heads"], a["kv_heads"]
+    d = q.shape[1] // heads
+    return q.astype(np.float16).astype(np.float32).reshape(q.shape[0], kv_heads, heads // kv_heads, d)
+
+
 def _attention(a, q, cache, seq, pos):
-    heads, kv_heads, window, layer = a["heads"], a["kv_heads"], a["window"], a["layer"]
-    rows, width = q.shape
-    d = width // heads
-    group = heads // kv_heads
+    qh = _heads(a, q)
     out = np.empty_like(q)
-    # Q and the softmax weights meet the f16 cache as f16, as in llama.cpp and in f16 matrix-unit
-    # kernels; products accumulate in f32 and the scale applies to the f32 scores
-    q = q.astype(np.float16).astype(np.float32)
-    for r in range(rows):
+    for r in range(q.shape[0]):
         p = int(pos[r])
-        first = max(0, p - window + 1) if window > 0 else 0
-        k = cache[layer, 0, seq[r], first : p + 1].astype(np.float32).reshape(-1, kv_heads, d)
-        v = cache[layer, 1, seq[r], first : p + 1].astype(np.float32).reshape(-1, kv_heads, d)
-        qh = q[r].reshape(kv_heads, group, d)
-        s = np.einsum("hgd,nhd->hgn", qh, k) * np.float32(a["scale"])
-        e = np.exp(s - s.max(axis=-1, keepdims=True))
-        pr = (e / e.sum(axis=-1, keepdims=True)).astype(np.float16).astype(np.float32)
-        out[r] = np.einsum("hgn,nhd->hgd", pr, v).reshape(width)
+        acc, _, total = _attend(qh[r], cache, a["layer"], seq[r], _first(a, p), p + 1, a["scale"])
+        out[r] = (acc / total[:, None]).reshape(-1)
     return out
 
 
@@ -114,6 +127,46 @@ def _silu(x):
     return (x.astype(np.float64) / (1.0 + np.exp(-x.astype(np.float64)))).astype(np.float32)
 
 
+# --- fused ops: the compositions they stand for (see ir/fused.py) --------------------------------
+
+def _rope_kv(a, q, k, v, pos, seq, cache, factors=None):
+    qr = _rope({**a, "heads": a["heads"]}, q, pos, factors)
+    kr = _rope({**a, "heads": a["kv_heads"]}, k, pos, factors)
+    return qr, _kv_store(a, cache, kr, v, seq, pos)
+
+
+def _norm_rope_kv(a, q, k, v, pos, seq, cache, q_norm, k_norm):
+    return _rope_kv(a, _rmsnorm(a, q, q_norm), _rmsnorm(a, k, k_norm), v, pos, seq, cache)
+
+
+def _attention_partial(a, q, cache, seq, pos):
+    """Flash-decoding partials: per `chunk` slice of positions, (exp-weighted V sum, max, exp sum)."""
+    chunk, heads = a["chunk"], a["heads"]
+    qh = _heads(a, q)
+    d = qh.shape[3]
+    out = np.zeros((q.shape[0], heads, -(-cache.shape[3] // chunk), d + 2), np.float32)
+    out[..., d] = -np.inf
+    for r in range(q.shape[0]):
+        p, first = int(pos[r]), _first(a, int(pos[r]))
+        for j in range(first // chunk, p // chunk + 1):
+            lo, hi = max(first, j * chunk), min(p + 1, (j + 1) * chunk)
+            out[r, :, j, :d], out[r, :, j, d], out[r, :, j, d + 1] = _attend(qh[r], cache, a["layer"], seq[r], lo, hi,
+                                                                            a["scale"])
+    return out
+
+
+def _attention_reduce(a, partials):
+    d = partials.shape[3] - 2
+    m = partials[..., d]
+    top = m.max(axis=-1, keepdims=True)
+    w = np.where(np.isfinite(m), np.exp(m - top), 0).astype(np.float32)  # empty slices weigh nothing
+    acc = (partials[..., :d] * w[..., None]).sum(axis=2)
+    total = (partials[..., d + 1] * w).sum(axis=2)
+    return (acc / total[..., None]).reshape(partials.shape[0], -1).astype(np.float32)
+
+
+_ACTS = {"silu": _silu, "gelu_tanh": _gelu_tanh}
+
 IMPLS: dict[str, Callable[..., Any]] = {
     "embed": lambda a, table, tokens: table[tokens],
     "rmsnorm": _rmsnorm,
@@ -129,8 +182,18 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "gelu_tanh": lambda a, x: _gelu_tanh(x),
     "softcap": lambda a, x: (np.tanh(x.astype(np.float64) / a["cap"]) * a["cap"]).astype(np.float32),
     "take_rows": lambda a, x, rows: x[rows],
+    "rmsnorm_pack": lambda a, x, w: _pack(a, _rmsnorm(a, x, w)),
+    "matmul_segmented": lambda a, x, *ws: tuple(x @ w.T for w in ws),
+    "rope_kv": _rope_kv,
+    "norm_rope_kv": _norm_rope_kv,
+    "attention_partial": _attention_partial,
+    "attention_reduce": _attention_reduce,
+    "attention_reduce_pack": lambda a, p: _pack(a, _attention_reduce(a, p)),
+    "glu_pack": lambda a, g, u: _pack(a, _ACTS[a["act"]](g) * u),
+    "matmul_residual": lambda a, x, w, r: r + x @ w.T,
+    "tail_argmax": lambda a, x, n, w: np.argmax(_pack(a, _rmsnorm(a, x, n)) @ w.T, axis=-1).astype(np.int32),
 }
-_IN_PLACE = {"kv_store": 0}  # op -> operand it may update in place
+_IN_PLACE = {"kv_store": 0, "rope_kv": 5, "norm_rope_kv": 5}  # op -> operand it may update in place
 
 
 def _bind(n: Node, arr: np.ndarray, sizes: dict[str, int]) -> None:

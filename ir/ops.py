@@ -19,7 +19,7 @@ ATTR_KINDS = {"int": int, "float": float, "str": str, "bool": bool}
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    operands: tuple[str, ...]  # a trailing "?" marks an optional operand (only last ones)
+    operands: tuple[str, ...]  # "?" marks an optional operand, "*" one or more (last ones only)
     attrs: dict[str, str]  # name -> kind in ATTR_KINDS
     infer: Callable[[list[Type], dict[str, Any]], tuple[Type, ...]]
     doc: str
@@ -27,6 +27,10 @@ class OpDef:
     @property
     def min_operands(self) -> int:
         return sum(1 for o in self.operands if not o.endswith("?"))
+
+    @property
+    def max_operands(self) -> float:
+        return float("inf") if self.operands and self.operands[-1].endswith("*") else len(self.operands)
 
 
 REGISTRY: dict[str, OpDef] = {}
@@ -263,7 +267,10 @@ def infer(name: str, operand_types: list[Type], attrs: dict[str, Any]) -> tuple[
     opdef = REGISTRY.get(name)
     _need(opdef is not None, f"unknown op {name!r}")
     n = len(operand_types)
-    _need(opdef.min_operands <= n <= len(opdef.operands),
-          f"{name} takes {opdef.min_operands}..{len(opdef.operands)} operands, got {n}")
+    _need(opdef.min_operands <= n <= opdef.max_operands,
+          f"{name} takes {opdef.min_operands}..{opdef.max_operands} operands, got {n}")
     check_attrs(opdef, attrs)
     return opdef.infer(operand_types, attrs)
+
+
+from . import fused  # noqa: E402,F401  (registers the fused ops the passes produce)

@@ -1,5 +1,6 @@
-"""`plan ir MODEL.gguf`: the traced IR of one phase as text; with --eval, run it in the reference
-interpreter (prompt tokenized with BOS and special tokens parsed, then N greedy tokens)."""
+"""`plan ir MODEL.gguf`: the traced IR of one phase as text (or the IR after a fusion pass, --after);
+with --eval, run it in the reference interpreter (prompt tokenized with BOS and special tokens parsed,
+then N greedy tokens)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from llmplan.ir.verify import verify
 from llmplan.models.errors import InputError
 from llmplan.models.model import open_model
 from llmplan.models.tokenizer import load_tokenizer
+from llmplan.passes.manager import check_pass_name, run_passes
 
 from .console import print_json
 
@@ -25,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ir", help="print the traced IR, or run it in the reference interpreter", description=__doc__)
     p.add_argument("model", help="GGUF file")
     p.add_argument("--phase", default="decode", choices=PHASES, help="which phase graph (default decode)")
+    p.add_argument("--after", metavar="PASS", help="the graph after this fusion pass (see plan passes); with "
+                   "--eval, run that graph")
     p.add_argument("--eval", metavar="TEXT", help="run the reference interpreter on this prompt")
     p.add_argument("-n", type=int, default=16, help="greedy tokens to generate with --eval (default 16)")
     p.add_argument("--dump-logits", metavar="FILE.npz", help="with --eval: save the logits after the prompt "
@@ -38,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.eval is None:
         if args.dump_logits:
             raise InputError("--dump-logits needs --eval TEXT")
-        g = verify(trace_model(model.config, model.weight_table(), args.phase))
+        g = _graph(model, args.phase, args.after)
         text = print_graph(g)
         if args.json:
             print_json({"graph": g.name, "phase": args.phase, "node_count": len(g.order) - len(g.inputs)
@@ -47,6 +51,15 @@ def run(args: argparse.Namespace) -> int:
             sys.stdout.write(text)
         return 0
     return _evaluate(model, args)
+
+
+def _graph(model, phase: str, after: str | None):
+    """The traced graph of a phase, or the graph after pass `after`."""
+    g = verify(trace_model(model.config, model.weight_table(), phase))
+    if after:
+        check_pass_name(after)
+        g = next(s.graph for s in run_passes(g) if s.name == after)
+    return g
 
 
 def _evaluate(model, args: argparse.Namespace) -> int:
@@ -60,9 +73,7 @@ def _evaluate(model, args: argparse.Namespace) -> int:
     if ctx > model.config.context_length:
         raise InputError(f"{len(prompt)} prompt tokens + {args.n} new ones exceed the model's context of "
                          f"{model.config.context_length}")
-    table = model.weight_table()
-    dec = ReferenceDecoder(verify(trace_model(model.config, table, "prefill")),
-                           verify(trace_model(model.config, table, "decode")),
+    dec = ReferenceDecoder(_graph(model, "prefill", args.after), _graph(model, "decode", args.after),
                            functools.lru_cache(maxsize=None)(model.dequantize), ctx)
     t0 = time.perf_counter()
     logits = dec.prefill(prompt)

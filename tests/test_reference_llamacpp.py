@@ -5,8 +5,8 @@ Two kinds of check:
 1. Op by op (exact). tests/data holds llama.cpp's own layer-0 tensors for one prompt of gemma3-270m and
    tiny-llama3-bpe (scripts/dump_llamacpp_tensors.py, llama-cpp-python 0.3.36, the fixtures' settings).
    Each node of our traced layer 0 is fed llama.cpp's values for its operands and must reproduce
-   llama.cpp's value for its result to float32 rounding (NMSE < 1e-9). GELU is the one exception:
-   llama.cpp's CPU backend looks it up in an f16 table, we compute the formula (NMSE < 1e-6).
+   llama.cpp's value for its result to float32 rounding (NMSE < 1e-9), except where TOLERANCE says
+   why our rounding differs.
 
 2. Whole model (statistical). Logits after each prompt of ../shared/fixtures/prompts.json against the
    recorded rows, and greedy continuations. With 8-bit activation packing, a float32 rounding
@@ -41,6 +41,12 @@ def nmse(a, b):
 
 
 # --- 1. op by op -----------------------------------------------------------------------------
+
+# Where our arithmetic rounds differently on purpose. GELU: llama.cpp's CPU backend reads an f16
+# table, we compute the formula. Attention: llama.cpp's default CPU path rounds the normalized softmax
+# weights to f16; we round the unnormalized exp weights, as flash-attention kernels (llama.cpp's
+# own included) do, so that split-context attention matches unsplit attention bit for bit.
+TOLERANCE = {"ffn_geglu-0": 1e-6, "kqv_out-0": 1e-7}
 
 def _layer0_names(g, arch):
     """Our layer-0 nodes -> the names llama.cpp gives their results."""
@@ -103,8 +109,7 @@ def test_layer0_ops_reproduce_llama_cpp(request, model):
         if name is None:
             continue
         theirs = dump[name].reshape(env[node.out].shape)
-        is_gelu = name == "ffn_geglu-0"
-        assert nmse(env[node.out], theirs) < (1e-6 if is_gelu else 1e-9), f"{name} ({node.op})"
+        assert nmse(env[node.out], theirs) < TOLERANCE.get(name, 1e-9), f"{name} ({node.op})"
         env[node.out] = theirs  # continue from llama.cpp's value, so each op is judged alone
         checked.add(name)
     assert checked == set(dump.files) - {"ids"}, set(dump.files) - {"ids"} - checked
@@ -147,8 +152,7 @@ def test_gemma3_capital_of_france(gemma3_path):
     case = json.loads((REFERENCE / "ref_gemma3-270m.json").read_text())["generate"][0]
     assert case["prompt"] == "The capital of France is"
     _, ids = ReferenceDecoder(prefill, decode, weight, 32).greedy(case["prompt_ids"], 16)
-    # " the capital of the country of France. It is the capital of the country of France."
-    assert ids == [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 5279, 529, 506, 2891, 529]
-    # llama.cpp: " the capital of the country of France. It is the largest city in France." -- the two part
-    # at step 11, where llama.cpp's own margin is 0.03
-    assert ids[:11] == case["greedy_ids"][:11] and case["top1_margin"][11] < 0.1
+    # " the capital of the country of France. It is the largest city in France." -- llama.cpp's words.
+    # Pinned: step 11 (llama.cpp's margin 0.03) can flip with any change in rounding; re-pin with care.
+    assert ids == [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488, 3207, 528, 7001, 236761]
+    assert ids == case["greedy_ids"][:16]

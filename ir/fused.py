@@ -1,0 +1,115 @@
+"""The fused ops the passes produce. Each is one kernel launch later, and each means exactly the
+composition of primitive ops it replaces (its docstring says which); type inference is that
+composition's, so the checks live in one place (ir/ops.py).
+"""
+
+from __future__ import annotations
+
+from .ops import _dtype, _need, _rank, infer, op
+from .types import Type
+
+
+def _prim(name, types, **attrs):
+    return infer(name, list(types), attrs)
+
+
+@op("x w", eps="float", format="str")
+def rmsnorm_pack(ts, a):
+    """pack[format](rmsnorm[eps](x, w)): the norm writes 8-bit activation blocks directly."""
+    return _prim("pack", _prim("rmsnorm", ts, eps=a["eps"]), format=a["format"])
+
+
+@op("x w*")
+def matmul_segmented(ts, a):
+    """matmul(x, w_i) for every weight: one launch over the rows of all weights (q|k|v, gate|up), each
+    segment in its own weight format, all reading the same packed x."""
+    x, ws = ts[0], ts[1:]
+    return tuple(_prim("matmul", [x, w])[0] for w in ws)
+
+
+def _rope_kv(ts, a, q_norm=None, k_norm=None):
+    q, k, v, pos, seq, cache = ts[:6]
+    factors = ts[6:]
+    rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"])
+    if q_norm is not None:
+        q = _prim("rmsnorm", [q, q_norm], eps=a["eps"])[0]
+        k = _prim("rmsnorm", [k, k_norm], eps=a["eps"])[0]
+    qr = _prim("rope", [q, pos, *factors], heads=a["heads"], **rope)[0]
+    kr = _prim("rope", [k, pos, *factors], heads=a["kv_heads"], **rope)[0]
+    new_cache = _prim("kv_store", [cache, kr, v, seq, pos], layer=a["layer"])[0]
+    return qr, new_cache
+
+
+_ROPE_ATTRS = dict(heads="int", kv_heads="int", dims="int", base="float", scale="float", mode="str", layer="int")
+
+
+@op("q k v pos seq cache factors?", **_ROPE_ATTRS)
+def rope_kv(ts, a):
+    """(rope(q), kv_store[layer](cache, rope(k), v, seq, pos)): rotary embedding of queries and keys
+    and the K/V cache write in one pass over the rows."""
+    return _rope_kv(ts, a)
+
+
+@op("q k v pos seq cache q_norm k_norm", eps="float", **_ROPE_ATTRS)
+def norm_rope_kv(ts, a):
+    """rope_kv with per-head RMSNorm of queries and keys first (Gemma 3):
+    (rope(rmsnorm(q, q_norm)), kv_store(cache, rope(rmsnorm(k, k_norm)), v, seq, pos))."""
+    return _rope_kv(ts[:6], a, q_norm=ts[6], k_norm=ts[7])
+
+
+_ATTN_ATTRS = dict(layer="int", heads="int", kv_heads="int", scale="float", window="int")
+
+
+@op("q cache seq pos", chunk="int", **_ATTN_ATTRS)
+def attention_partial(ts, a):
+    """First half of split-context attention: for each row, head and `chunk`-position slice of the
+    row's context, the slice's max score m, sum of exp(score - m), and exp-weighted sum of V (the
+    values `attention` would compute, per slice). Result [rows, heads, splits, head_dim + 2]."""
+    q = ts[0]
+    _prim("attention", ts, **{k: a[k] for k in _ATTN_ATTRS})
+    _need(a["chunk"] >= 1, f"attention chunk {a['chunk']} must be positive")
+    return (Type("f32", (q.shape[0], a["heads"], "splits", q.shape[1] // a["heads"] + 2)),)
+
+
+def _reduced(p: Type) -> Type:
+    _dtype(p, "f32", what="attention partials")
+    _rank(p, 4, "attention partials")
+    return Type("f32", (p.shape[0], p.shape[1] * (p.shape[3] - 2)))
+
+
+@op("partials")
+def attention_reduce(ts, a):
+    """Second half of split-context attention: combine the slices' partial results into
+    softmax(q.K^T * scale) V for every row and head."""
+    return (_reduced(ts[0]),)
+
+
+@op("partials", format="str")
+def attention_reduce_pack(ts, a):
+    """pack[format](attention_reduce(partials)): the reduce writes the output projection's packed input."""
+    return _prim("pack", [_reduced(ts[0])], format=a["format"])
+
+
+@op("gate up", act="str", format="str")
+def glu_pack(ts, a):
+    """pack[format](mul(act(gate), up)) with act silu or gelu_tanh: the gated product packed for the
+    down projection."""
+    _need(a["act"] in ("silu", "gelu_tanh"), f"glu_pack act must be silu or gelu_tanh, is {a['act']!r}")
+    g = _prim(a["act"], ts[:1])
+    return _prim("pack", _prim("mul", [*g, ts[1]]), format=a["format"])
+
+
+@op("x w r")
+def matmul_residual(ts, a):
+    """add(r, matmul(x, w)): the projection accumulates into the residual stream in its epilogue."""
+    (y,) = _prim("matmul", ts[:2])
+    return _prim("add", [ts[2], y])
+
+
+@op("x norm head", eps="float", format="str")
+def tail_argmax(ts, a):
+    """argmax over the vocabulary of matmul(rmsnorm_pack[eps, format](x, norm), head): the greedy next
+    token of each row, one int32 per sequence instead of a row of logits."""
+    packed = rmsnorm_pack(ts[:2], a)
+    (logits,) = _prim("matmul", [*packed, ts[2]])
+    return (Type("i32", (logits.shape[0],)),)
