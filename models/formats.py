@@ -71,6 +71,17 @@ FORMATS: dict[str, Format] = {
 }
 _BY_TYPE = {f.type: f for f in FORMATS.values()}
 
+# Activations packed for a weight's dot product (llama.cpp's vec_dot types): Q8_0 as above, Q8_1 adds
+# the block's scaled sum for formats with a min, Q8_K is the 256-value block the K-quants take.
+ACTIVATION_FORMATS: dict[str, Format] = {
+    f.name: f
+    for f in [
+        FORMATS["Q8_0"],
+        Format("Q8_1", T.Q8_1, 32, _layout(("d", F16_), ("s", F16_), ("qs", I8, 32))),
+        Format("Q8_K", T.Q8_K, QK_K, _layout(("d", "<f4"), ("qs", I8, QK_K), ("bsums", "<i2", QK_K // 16))),
+    ]
+}
+
 
 def format_of(t: T | int | str) -> Format:
     """The Format for a GGML type (enum, id or name); unsupported types raise FormatError."""

@@ -286,6 +286,7 @@ class GGUFFile:
                 raise cur.fail(f"key '{key}'", "duplicate key", start)
             self.metadata[key] = _read_value(cur, _value_type(cur, f"key '{key}' type"), f"key '{key}'")
 
+        self.kv_end = cur.pos  # where the tensor table starts
         self.alignment = DEFAULT_ALIGNMENT
         if "general.alignment" in self.metadata:
             a = self.metadata["general.alignment"]

@@ -1,0 +1,187 @@
+"""The arithmetic of the model's operations, shared by the IR's reference interpreter and the CPU
+backend so that both round exactly alike.
+
+Where llama.cpp's CPU backend fixes an order of float operations that changes results (the RMSNorm
+reduction, the rounding of 8-bit activation blocks on x86), these functions follow it; tests check
+each against llama.cpp's own tensors (tests/test_reference_llamacpp.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import ACTIVATION_FORMATS
+
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / sqrt(mean(x^2) + eps) * w over groups of len(w) features, in llama.cpp's order: squares in
+    f32 summed in f64, then mean, scale and products in f32."""
+    g = w.shape[0]
+    xs = x.reshape(*x.shape[:-1], -1, g)
+    mean = ((xs * xs).astype(np.float64).sum(axis=-1, keepdims=True) / g).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    return ((xs * scale) * w).reshape(x.shape)
+
+
+def rope(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, base: float, scale: float, mode: str,
+         factors: np.ndarray | None = None) -> np.ndarray:
+    """Rotate each head's first `dims` features by position pos[r] * scale; frequency i is
+    base^(-2i/dims) / factors[i]. "norm" pairs (2i, 2i+1), "neox" pairs (i, i + dims/2)."""
+    rows = x.shape[0]
+    hx = x.reshape(rows, heads, -1).astype(np.float64)
+    freqs = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+    if factors is not None:
+        freqs = freqs / factors.astype(np.float64)
+    theta = (pos.astype(np.float64) * scale)[:, None] * freqs[None, :]
+    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    out = hx.copy()
+    i0, i1 = (slice(0, dims, 2), slice(1, dims, 2)) if mode == "norm" else (slice(0, dims // 2), slice(dims // 2, dims))
+    x0, x1 = hx[..., i0], hx[..., i1]
+    out[..., i0] = x0 * cos - x1 * sin
+    out[..., i1] = x0 * sin + x1 * cos
+    return out.reshape(x.shape).astype(np.float32)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (0.5 * x64 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64**3)))).astype(np.float32)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    x64 = x.astype(np.float64)
+    return (x64 / (1.0 + np.exp(-x64))).astype(np.float32)
+
+
+ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
+
+
+# --- activation packing --------------------------------------------------------------------------
+
+def pack_blocks(x: np.ndarray, fmt: str) -> np.ndarray:
+    """x [rows, K] as 8-bit activation blocks (structured array [rows, K / block]) rounded as llama.cpp's
+    x86 CPU backend does: q8_0/q8_1 take amax/127 as an f16 scale and round half to even; q8_k is
+    quantize_row_q8_K_ref (signed max, f32 scale 1/iscale)."""
+    f = ACTIVATION_FORMATS[fmt.upper()]
+    rows = x.shape[0]
+    b = x.reshape(rows, -1, f.block)
+    out = np.empty(b.shape[:2], f.layout)
+    if f.name == "Q8_K":
+        imax = np.argmax(np.abs(b), axis=-1)[..., None]
+        mx = np.take_along_axis(b, imax, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            iscale = np.where(mx != 0, np.float32(-127.0) / mx, np.float32(0)).astype(np.float32)
+            d = np.where(mx != 0, np.float32(1.0) / iscale, np.float32(0)).astype(np.float32)
+        q = np.minimum(np.rint(iscale * b), 127).astype(np.int8)
+        out["d"] = d[..., 0]
+        out["qs"] = q
+        out["bsums"] = q.reshape(rows, -1, 16, 16).astype(np.int16).sum(axis=-1)
+        return out
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(b * inv)
+    out["d"] = d[..., 0].astype(np.float16)
+    out["qs"] = q.astype(np.int8)
+    if f.name == "Q8_1":
+        out["s"] = (d[..., 0] * q.sum(axis=-1)).astype(np.float16)
+    return out
+
+
+def unpack_blocks(blocks: np.ndarray) -> np.ndarray:
+    """The values 8-bit activation blocks stand for, as float32 [rows, K]."""
+    d = blocks["d"].astype(np.float32)[..., None]
+    return (blocks["qs"].astype(np.float32) * d).reshape(blocks.shape[0], -1)
+
+
+def packed_values(x: np.ndarray, fmt: str) -> np.ndarray:
+    """The values x takes once packed to `fmt` (an 8-bit block format, f16 or bf16)."""
+    if fmt == "f32":
+        return x
+    if fmt == "f16":
+        return x.astype(np.float16).astype(np.float32)
+    if fmt == "bf16":
+        bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+    return unpack_blocks(pack_blocks(x, fmt))
+
+
+# --- attention -------------------------------------------------------------------------------------
+
+def attend(qh: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One slice of a row's context for all heads: qh [kv_heads, group, d] (already f16-rounded), k and v
+    [n, kv_heads, d] from the f16 cache. Returns (exp-weighted V sum [heads, d], max score [heads],
+    exp sum [heads]). The exp weights meet V as f16, as in f16 matrix-unit kernels; products accumulate
+    in f32. A context that fits one slice gives the same bits split or not."""
+    kv_heads, group, d = qh.shape
+    s = np.einsum("hgd,nhd->hgn", qh, k) * np.float32(scale)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.exp(s - m)
+    acc = np.einsum("hgn,nhd->hgd", e.astype(np.float16).astype(np.float32), v)
+    return acc.reshape(kv_heads * group, d), m.reshape(-1), e.sum(axis=-1).reshape(-1)
+
+
+def combine(acc: np.ndarray, m: np.ndarray, total: np.ndarray) -> np.ndarray:
+    """Softmax-weighted outputs from per-slice partials along axis -2 of acc ([..., splits, d]) and -1
+    of m and total ([..., splits]); empty slices carry m = -inf."""
+    top = m.max(axis=-1, keepdims=True)
+    w = np.where(np.isfinite(m), np.exp(m - top), 0).astype(np.float32)
+    return (acc * w[..., None]).sum(axis=-2) / (total * w).sum(axis=-1)[..., None]
+
+
+def query_heads(q: np.ndarray, heads: int, kv_heads: int) -> np.ndarray:
+    """q [rows, heads * d] as f16-rounded [rows, kv_heads, group, d] (the heads sharing a K/V head together)."""
+    d = q.shape[1] // heads
+    return q.astype(np.float16).astype(np.float32).reshape(q.shape[0], kv_heads, heads // kv_heads, d)
+
+
+def first_position(p: int, window: int) -> int:
+    """The first cache position row position p attends to (window 0: the whole context)."""
+    return max(0, p - window + 1) if window > 0 else 0
+
+
+def store_kv(cache: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray, seq: np.ndarray, pos: np.ndarray) -> None:
+    """Write K and V rows, rounded to f16, at [layer, slot seq[r], position pos[r]] of the cache."""
+    cache[layer, 0, seq, pos] = k.astype(np.float16)
+    cache[layer, 1, seq, pos] = v.astype(np.float16)
+
+
+def _slice(qh, cache, layer, slot, lo, hi, scale):
+    kv_heads, _, d = qh.shape
+    k = cache[layer, 0, slot, lo:hi].astype(np.float32).reshape(-1, kv_heads, d)
+    v = cache[layer, 1, slot, lo:hi].astype(np.float32).reshape(-1, kv_heads, d)
+    return attend(qh, k, v, scale)
+
+
+def attention(q, cache, seq, pos, layer: int, heads: int, kv_heads: int, scale: float, window: int) -> np.ndarray:
+    """Causal attention of each query row over its slot's cache positions [first_position, pos[r]]."""
+    qh = query_heads(q, heads, kv_heads)
+    out = np.empty_like(q)
+    for r in range(q.shape[0]):
+        p = int(pos[r])
+        acc, _, total = _slice(qh[r], cache, layer, seq[r], first_position(p, window), p + 1, scale)
+        out[r] = (acc / total[:, None]).reshape(-1)
+    return out
+
+
+def attention_partials(q, cache, seq, pos, layer: int, heads: int, kv_heads: int, scale: float, window: int,
+                       chunk: int) -> np.ndarray:
+    """Split-context attention's partials [rows, heads, splits, d + 2]: per `chunk`-aligned slice of
+    positions, (exp-weighted V sum, max score, exp sum); unused slices hold (0, -inf, 0)."""
+    qh = query_heads(q, heads, kv_heads)
+    d = qh.shape[3]
+    out = np.zeros((q.shape[0], heads, -(-cache.shape[3] // chunk), d + 2), np.float32)
+    out[..., d] = -np.inf
+    for r in range(q.shape[0]):
+        p = int(pos[r])
+        first = first_position(p, window)
+        for j in range(first // chunk, p // chunk + 1):
+            lo, hi = max(first, j * chunk), min(p + 1, (j + 1) * chunk)
+            out[r, :, j, :d], out[r, :, j, d], out[r, :, j, d + 1] = _slice(qh[r], cache, layer, seq[r], lo, hi, scale)
+    return out
+
+
+def reduce_partials(part: np.ndarray) -> np.ndarray:
+    """Split-context attention's result [rows, heads * d] from its partials."""
+    d = part.shape[3] - 2
+    return combine(part[..., :d], part[..., d], part[..., d + 1]).reshape(part.shape[0], -1).astype(np.float32)

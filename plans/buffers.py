@@ -1,0 +1,61 @@
+"""Buffer planning: every intermediate value of every phase gets an offset in one arena.
+
+Values whose lifetimes (first write .. last read, in launch order) overlap must not share bytes: they
+are the edges of an interference graph (networkx). Buffers are placed largest first at the lowest
+offset that no already-placed neighbour covers, so the arena holds about one layer's activations
+however deep the model is. Phases never run at once, so each phase is laid out from offset 0 and the
+arena is as large as the largest phase needs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+
+from llmplan.ir.types import Type
+from llmplan.models.formats import ACTIVATION_FORMATS
+
+ALIGN = 256  # bytes: every buffer starts on a 256-byte boundary (16-byte vector loads, cache lines)
+_SCALAR_BYTES = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
+
+
+def type_bytes(t: Type, dims: dict[str, int]) -> int:
+    """Bytes of a value of type t with its symbolic dimensions bound to their upper limits."""
+    shape = [d if isinstance(d, int) else dims[d] for d in t.shape]
+    if t.dtype in _SCALAR_BYTES:
+        return math.prod(shape) * _SCALAR_BYTES[t.dtype]
+    fmt = ACTIVATION_FORMATS[t.dtype.upper()]
+    return math.prod(shape[:-1]) * fmt.row_bytes(shape[-1])
+
+
+@dataclass(frozen=True)
+class Buffer:
+    id: int
+    bytes: int
+    first: int  # index of the launch that writes it
+    last: int  # index of the last launch that reads it (or the end, for outputs)
+
+
+def place(buffers: list[Buffer]) -> tuple[dict[int, int], int]:
+    """Offsets for buffers so that no two live at once overlap; returns (offsets, arena bytes)."""
+    g = nx.Graph()
+    g.add_nodes_from(b.id for b in buffers)
+    by_start = sorted(buffers, key=lambda b: b.first)
+    for i, a in enumerate(by_start):
+        for b in by_start[i + 1:]:
+            if b.first > a.last:
+                break
+            g.add_edge(a.id, b.id)
+    size = {b.id: -(-b.bytes // ALIGN) * ALIGN for b in buffers}
+    offsets: dict[int, int] = {}
+    for b in sorted(buffers, key=lambda b: (-size[b.id], b.first, b.id)):
+        taken = sorted((offsets[n], offsets[n] + size[n]) for n in g.neighbors(b.id) if n in offsets)
+        at = 0
+        for lo, hi in taken:
+            if at + size[b.id] <= lo:
+                break
+            at = max(at, hi)
+        offsets[b.id] = at
+    return offsets, max((offsets[i] + size[i] for i in offsets), default=0)

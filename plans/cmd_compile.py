@@ -1,0 +1,39 @@
+"""`plan compile MODEL.gguf --device cpu`: trace, fuse, choose kernels, lay out buffers, write a plan."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+from llmplan.models.model import open_model
+
+from .compile import DEFAULT_CHUNK, compile_model
+from .console import human_bytes, print_json
+from .devices import resolve_device
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compile", help="compile a GGUF model into a plan file", description=__doc__)
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("--device", default="cpu", help="cpu (default), or an offline target such as sm_90, gfx1151")
+    p.add_argument("-o", "--output", help="plan file (default: MODEL with .plan for .gguf)")
+    p.add_argument("--ctx", type=int, help="context length the plan holds (default: the model's, at most 4096)")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = args.output or os.path.splitext(args.model)[0] + ".plan"
+    t0 = time.perf_counter()
+    summary = compile_model(open_model(args.model), resolve_device(args.device), out, args.ctx, args.chunk)
+    summary["seconds"] = round(time.perf_counter() - t0, 3)
+    if args.json:
+        print_json(summary)
+        return 0
+    launches = ", ".join(f"{k} {v}" for k, v in summary["launches"].items())
+    print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {summary['limits']['ctx']}, "
+          f"chunk {summary['limits']['chunk']}, arena {human_bytes(summary['arena_bytes'])}; launches: {launches} "
+          f"({summary['seconds']:.2f} s)")
+    return 0

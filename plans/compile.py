@@ -1,0 +1,119 @@
+"""The compile pipeline: GGUF -> traced phase graphs -> fusion passes -> a kernel per node -> launch
+lists over one arena -> the plan file. (`plan compile`, and `plan run MODEL.gguf` on the fly.)"""
+
+from __future__ import annotations
+
+import os
+import platform
+from typing import Any
+
+import numpy as np
+
+from llmplan.ir.printer import print_graph
+from llmplan.ir.trace import PHASES, trace_model
+from llmplan.models.errors import InputError
+from llmplan.models.model import Model
+from llmplan.passes.manager import run_passes
+
+from .devices import DeviceFacts
+from .lower import lower
+from .planfile import model_fingerprint, write_plan
+
+DEFAULT_CTX = 4096
+DEFAULT_CHUNK = 256
+
+# What the CPU backend keeps resident for each way a weight is read, and why (plan inspect shows it).
+CPU_RESIDENCY = {
+    "matmul": ("f32", "dequantized to float32 at load: NumPy has no int8 GEMV, and float32 BLAS on exactly "
+                      "dequantized weights gives the integer block dot products' values (products exact, sums "
+                      "in float32)"),
+    "rows": ("mapped", "left quantized in the mapped file: only the rows of the step's tokens are dequantized"),
+    "vector": ("f32", "norm weights and rope factors, float32 in the file already"),
+}
+
+
+def _limits(model: Model, ctx: int | None, chunk: int, max_seqs: int) -> dict[str, int]:
+    ctx = min(model.config.context_length, DEFAULT_CTX) if ctx is None else ctx
+    if not 1 <= ctx <= model.config.context_length:
+        raise InputError(f"--ctx {ctx} is outside 1..{model.config.context_length} (the model's context)")
+    if not 1 <= chunk <= ctx:
+        raise InputError(f"--chunk {chunk} must be between 1 and the context ({ctx})")
+    if max_seqs < 1:
+        raise InputError(f"--max-seqs must be at least 1, got {max_seqs}")
+    return {"ctx": ctx, "chunk": chunk, "max_seqs": max_seqs}
+
+
+def _dims(phase: str, limits: dict[str, int]) -> dict[str, int]:
+    seqs = limits["max_seqs"]
+    return {"rows": limits["chunk"] if phase == "prefill" else seqs, "seqs": seqs, "slots": seqs,
+            "ctx": limits["ctx"]}
+
+
+def _residency(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    out: dict[str, dict[str, str]] = {}
+    for p in phases.values():
+        for launch in p["launches"]:
+            for i, arg in enumerate(launch["args"]):
+                if "weight" not in arg:
+                    continue
+                if launch["op"] == "embed":
+                    how = "rows"
+                elif launch["family"] in ("matmul", "tail_argmax") and (launch["op"] != "tail_argmax" or i == 2):
+                    how = "matmul"
+                else:
+                    how = "vector"
+                out.setdefault(arg["weight"], {})[how] = CPU_RESIDENCY[how][0]
+    return out
+
+
+def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
+                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1) -> dict[str, Any]:
+    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI."""
+    if device.backend != "cpu":
+        raise InputError(f"--device {device.arch}: kernels for {device.backend.upper()} targets are not generated "
+                         "yet; use --device cpu")
+    limits = _limits(model, ctx, chunk, max_seqs)
+    table = model.weight_table()
+    phases, texts, declines = {}, {}, {}
+    for phase in PHASES:
+        snaps = run_passes(trace_model(model.config, table, phase))
+        fused = snaps[-1].graph
+        texts[phase] = print_graph(fused)
+        declines[phase] = [d for s in snaps for d in s.declines]
+        dims = _dims(phase, limits)
+        dims["splits"] = max((-(-limits["ctx"] // n.attr["chunk"]) for n in fused.order
+                              if n.op == "attention_partial"), default=1)
+        phases[phase] = lower(fused, device, dims) | {"dims": dims}
+    arena = max(p["arena_bytes"] for p in phases.values())
+    residency = _residency(phases)
+    header = {
+        "llmplan": "0.1.0",
+        "device": device.to_dict(),
+        "toolchain": {"python": platform.python_version(), "numpy": np.__version__},
+        "model": {"path": os.path.abspath(model.path), "name": model.config.name, "arch": model.config.arch,
+                  "fingerprint": model_fingerprint(model.file)},
+        "limits": limits,
+    }
+    body = {
+        "config": model.config.to_dict(),
+        "ir": texts,
+        "phases": phases,
+        "arena_bytes": arena,
+        "weights": {name: {"format": fmt, "shape": list(shape), "residency": residency.get(name, {})}
+                    for name, (fmt, shape) in table.items()},
+        "residency_notes": {k: v[1] for k, v in CPU_RESIDENCY.items()},
+        "declines": declines,
+        "kernels": sorted({(l["family"], l["member"]) for p in phases.values() for l in p["launches"]}),
+    }
+    size = write_plan(out, header, body)
+    return {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
+            "launches": {ph: len(p["launches"]) for ph, p in phases.items()}, "limits": limits}
+
+
+def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:
+    """Where `plan run MODEL.gguf` keeps the plan it compiled on the fly."""
+    root = os.environ.get("LLMPLAN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmplan", "plans")
+    fp = model_fingerprint(model.file)
+    name = f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}"
+    return os.path.join(root, f"{name}.{device.key.replace(':', '_')}.{limits_key}.plan")
+

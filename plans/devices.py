@@ -1,0 +1,80 @@
+"""What the planner knows about a device: DeviceFacts from the local machine, or from a built-in table
+for offline targets (compile for a GPU that is not here).
+
+The device key names the backend and the geometry that changes a planning answer (architecture,
+multiprocessors, wave width, shared memory); plans and tune entries are valid only for their key.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import asdict, dataclass
+
+from llmplan.models.errors import InputError
+
+
+@dataclass(frozen=True)
+class DeviceFacts:
+    name: str
+    backend: str  # "cpu", "cuda" or "hip"
+    arch: str  # sm_89, gfx1151, or the CPU's machine type
+    multiprocessors: int  # SMs, CUs, or CPU cores
+    wave: int  # threads per warp / wavefront (1 on the CPU)
+    smem_per_block: int  # bytes a block may use without opting in
+    smem_per_block_optin: int  # bytes with cudaFuncAttributeMaxDynamicSharedMemorySize (same on AMD)
+    regs_per_multiprocessor: int  # 32-bit registers
+    max_threads_per_block: int
+    bandwidth_gbs: float  # peak memory bandwidth, GB/s
+    memory_gib: float
+    int8_dot: str  # the dot-product instruction family: dp4a, sudot4, sdot4, or numpy
+    int8_matrix: str  # mma.sync.s8, wmma_iu8, mfma_i8, or none
+
+    @property
+    def key(self) -> str:
+        """Backend + the geometry that changes the planner's answers."""
+        if self.backend == "cpu":
+            return f"cpu:{self.arch}"
+        return (f"{self.backend}:{self.arch}:sm{self.multiprocessors}:w{self.wave}"
+                f":smem{self.smem_per_block_optin // 1024}k")
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"key": self.key}
+
+
+_K = 1024
+# Published figures for each target (vendor specifications); bandwidth is the peak the roofline uses.
+OFFLINE_TARGETS: dict[str, DeviceFacts] = {
+    "sm_89": DeviceFacts("NVIDIA GeForce RTX 4090", "cuda", "sm_89", 128, 32, 48 * _K, 99 * _K, 65536, 1024,
+                         1008.0, 24.0, "dp4a", "mma.sync.s8"),
+    "sm_90": DeviceFacts("NVIDIA H100 SXM5", "cuda", "sm_90", 132, 32, 48 * _K, 227 * _K, 65536, 1024,
+                         3350.0, 80.0, "dp4a", "mma.sync.s8"),
+    "sm_90-h200": DeviceFacts("NVIDIA H200 SXM", "cuda", "sm_90", 132, 32, 48 * _K, 227 * _K, 65536, 1024,
+                              4800.0, 141.0, "dp4a", "mma.sync.s8"),
+    "gfx1100": DeviceFacts("AMD Radeon RX 7900 XTX", "hip", "gfx1100", 96, 32, 64 * _K, 64 * _K, 131072, 1024,
+                           960.0, 24.0, "sudot4", "wmma_iu8"),
+    "gfx1151": DeviceFacts("AMD Radeon 8060S (Strix Halo)", "hip", "gfx1151", 40, 32, 64 * _K, 64 * _K, 131072, 1024,
+                           256.0, 96.0, "sudot4", "wmma_iu8"),
+    "gfx942": DeviceFacts("AMD Instinct MI300X", "hip", "gfx942", 304, 64, 64 * _K, 64 * _K, 131072, 1024,
+                          5300.0, 192.0, "sdot4", "mfma_i8"),
+}
+
+
+def local_cpu() -> DeviceFacts:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else 0.0
+    # The CPU backend runs NumPy: a plan is the same for every CPU, so the key holds only the machine type.
+    return DeviceFacts("NumPy on " + (platform.processor() or platform.machine()), "cpu", platform.machine(), cores,
+                       1, 0, 0, 0, 1, 0.0, round(mem, 1), "numpy", "none")
+
+
+def resolve_device(name: str) -> DeviceFacts:
+    """'cpu', or an offline target such as 'sm_90'; a local GPU ('cuda', 'hip') needs its backend."""
+    if name == "cpu":
+        return local_cpu()
+    if name in OFFLINE_TARGETS:
+        return OFFLINE_TARGETS[name]
+    if name in ("cuda", "hip"):
+        raise InputError(f"--device {name}: the {name.upper()} backend is not built yet; compile for the CPU "
+                         f"(--device cpu) or an offline target ({', '.join(OFFLINE_TARGETS)})")
+    raise InputError(f"unknown device {name!r} (cpu, cuda, hip, or an offline target: {', '.join(OFFLINE_TARGETS)})")

@@ -1,0 +1,136 @@
+"""The plan file: one msgpack file holding everything the runtime needs besides the GGUF.
+
+Layout: MAGIC, u32 format version, u32 header length, header (msgpack), SHA-256 of the header, u64 body
+length, body (msgpack), SHA-256 of the body. The header is small and read first: a plan for another
+device, another model file or another format version is refused, with what to run instead, before
+the body is even read. Checksums catch truncation and flipped bits; msgpack is unpacked with size
+limits so a hostile file cannot make us allocate without bound.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from typing import Any
+
+import msgpack
+
+from llmplan.models.errors import InputError
+from llmplan.models.gguf import GGUFFile
+
+MAGIC = b"LLMPLAN\0"
+FORMAT_VERSION = 1
+MAX_HEADER_BYTES = 1 << 20
+MAX_BODY_BYTES = 1 << 31
+_DIGEST = 32
+
+
+class PlanError(InputError):
+    """A plan file that cannot be used here; the message says what to do instead."""
+
+
+def model_fingerprint(f: GGUFFile) -> dict[str, Any]:
+    """File size and hashes of the metadata and of the tensor table (not the weights: too slow to hash)."""
+    with open(f.path, "rb") as fh:
+        head = fh.read(f.header_bytes)
+    return {"file_size": f.size, "metadata_sha256": hashlib.sha256(head[:f.kv_end]).hexdigest(),
+            "tensors_sha256": hashlib.sha256(head[f.kv_end:]).hexdigest()}
+
+
+def _pack(obj: Any) -> bytes:
+    return msgpack.packb(obj, use_bin_type=True)
+
+
+def _unpack(data: bytes, what: str, path: str) -> Any:
+    # Unpacker bounds every string, array and map by the buffer it was given
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1))
+    try:
+        unpacker.feed(data)
+        obj = unpacker.unpack()
+        if unpacker.tell() != len(data):
+            raise ValueError("trailing bytes")
+        return obj
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise PlanError(f"{path}: the plan's {what} does not decode ({type(e).__name__}): recompile the plan") from None
+
+
+def write_plan(path: str | os.PathLike, header: dict[str, Any], body: dict[str, Any]) -> int:
+    """Write atomically; returns the file size."""
+    h, b = _pack(header | {"format": FORMAT_VERSION}), _pack(body)
+    data = b"".join([MAGIC, struct.pack("<II", FORMAT_VERSION, len(h)), h, hashlib.sha256(h).digest(),
+                     struct.pack("<Q", len(b)), b, hashlib.sha256(b).digest()])
+    tmp = os.fspath(path) + ".part"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return len(data)
+
+
+def _recompile(header: dict[str, Any] | None, device: str | None = None) -> str:
+    model = (header or {}).get("model", {}).get("path", "MODEL.gguf")
+    dev = device or (header or {}).get("device", {}).get("backend", "cpu")
+    return f"recompile with: plan compile {model} --device {dev}"
+
+
+def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
+    """The checked header and the offset where the body section starts."""
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(16)
+        if len(head) < 16 or head[:8] != MAGIC:
+            raise PlanError(f"{path}: not a plan file (it does not start with {MAGIC!r})")
+        version, hlen = struct.unpack("<II", head[8:16])
+        if version != FORMAT_VERSION:
+            newer = "a newer" if version > FORMAT_VERSION else "an older"
+            raise PlanError(f"{path}: plan format {version} was written by {newer} llmplan; this one reads format "
+                            f"{FORMAT_VERSION}: {_recompile(None)}")
+        if hlen > MAX_HEADER_BYTES or 16 + hlen + _DIGEST > size:
+            raise PlanError(f"{path}: the plan is truncated or its header length ({hlen}) is corrupt: {_recompile(None)}")
+        h = f.read(hlen)
+        if hashlib.sha256(h).digest() != f.read(_DIGEST):
+            raise PlanError(f"{path}: the plan's header is corrupt (checksum mismatch): {_recompile(None)}")
+    header = _unpack(h, "header", path)
+    if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
+        raise PlanError(f"{path}: the plan's header is malformed: {_recompile(None)}")
+    return header, 16 + hlen + _DIGEST
+
+
+def check_header(path: str, header: dict[str, Any], device_key: str, model: GGUFFile | None) -> None:
+    want = header.get("device", {}).get("key")
+    if want != device_key:
+        arch = header.get("device", {}).get("arch", want)
+        here = device_key.split(":")[0]
+        raise PlanError(f"{path}: compiled for {arch} ({want}), this device is {device_key}: "
+                        f"{_recompile(header, here)}")
+    if model is not None and header.get("model", {}).get("fingerprint") != model_fingerprint(model):
+        raise PlanError(f"{path}: compiled from another model file than {model.path} (size or hashes differ): "
+                        f"{_recompile(header, header['device'].get('backend'))}")
+
+
+def read_body(path: str | os.PathLike, offset: int) -> dict[str, Any]:
+    path = os.fspath(path)
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise PlanError(f"{path}: the plan is truncated: {_recompile(None)}")
+        (blen,) = struct.unpack("<Q", raw)
+        if blen > MAX_BODY_BYTES or offset + 8 + blen + _DIGEST != size:
+            raise PlanError(f"{path}: the plan is truncated or has trailing bytes: {_recompile(None)}")
+        b = f.read(blen)
+        if hashlib.sha256(b).digest() != f.read(_DIGEST):
+            raise PlanError(f"{path}: the plan's body is corrupt (checksum mismatch): {_recompile(None)}")
+    body = _unpack(b, "body", path)
+    if not isinstance(body, dict):
+        raise PlanError(f"{path}: the plan's body is malformed: {_recompile(None)}")
+    return body
+
+
+def read_plan(path: str | os.PathLike, device_key: str, model: GGUFFile | None = None) -> tuple[dict, dict]:
+    """Header and body of a plan usable on `device_key` (and compiled from `model`, when given)."""
+    header, offset = read_header(path)
+    check_header(os.fspath(path), header, device_key, model)
+    return header, read_body(path, offset)

@@ -1,0 +1,151 @@
+"""The CPU backend's kernels: one NumPy function per kernel family, with the interface its GPU twin has.
+
+A kernel is called as kernel(op, attrs, outputs, *inputs), `op` naming the variant of the family;
+it reads its inputs and writes its outputs in place: arena views (f32 rows, 8-bit activation
+blocks in their byte layout, i32 tokens), the f16 K/V planes [layers, 2, slots, ctx, kv features],
+step state, and weights as the plan's residency says (float32 matrices for projections, mapped
+quantized rows for the embedding). Arithmetic is models/numerics.py's, shared with the IR's reference
+interpreter, so a plan run on the CPU gives the interpreter's numbers; GPU kernels are tested against
+these functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from llmplan.models import numerics as num
+from llmplan.models.formats import dequantize
+
+
+class MappedRows:
+    """A quantized table left in the mapped file; kernels dequantize the rows they need."""
+
+    def __init__(self, raw: np.ndarray, fmt: str, row_bytes: int):
+        self.raw, self.fmt, self.row_bytes = raw, fmt, row_bytes
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        table = self.raw.reshape(-1, self.row_bytes)
+        return dequantize(np.ascontiguousarray(table[ids]), self.fmt, (len(ids), -1))
+
+
+def _values(x: np.ndarray) -> np.ndarray:
+    """The float32 values of an activation: 8-bit blocks unpacked, f16 widened, bf16 (held as uint16
+    bit patterns) shifted into place."""
+    if x.dtype.names:
+        return num.unpack_blocks(x)
+    if x.dtype == np.uint16:
+        return (x.astype(np.uint32) << 16).view(np.float32)
+    return x.astype(np.float32, copy=False)
+
+
+def _store(dst: np.ndarray, x: np.ndarray) -> None:
+    """Write float32 rows into an output, packing to the output's format."""
+    if dst.dtype.names:
+        dst[...] = num.pack_blocks(x, _block_format(dst))
+    elif dst.dtype == np.float16:
+        dst[...] = x.astype(np.float16)
+    elif dst.dtype == np.uint16:
+        dst[...] = (num.packed_values(x, "bf16").view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        dst[...] = x
+
+
+def _block_format(dst: np.ndarray) -> str:
+    names = dst.dtype.names
+    return "q8_k" if "bsums" in names else ("q8_1" if "s" in names else "q8_0")
+
+
+def embed(op, a, out, table: MappedRows, tokens):
+    out[0][...] = table.rows(tokens)
+
+
+def rmsnorm(op, a, out, x, w):
+    out[0][...] = num.rmsnorm(x, w, a["eps"])
+
+
+def rmsnorm_pack(op, a, out, x, w):
+    _store(out[0], num.rmsnorm(x, w, a["eps"]))
+
+
+def pack(op, a, out, x):
+    _store(out[0], x)
+
+
+def matmul(op, a, out, x, *rest):
+    """matmul / matmul_segmented / matmul_residual: the same dot products (float32 BLAS on the exactly
+    dequantized operands), with several weights or a residual to add."""
+    xv = _values(x)
+    if op == "matmul_residual":
+        w, r = rest
+        out[0][...] = r + xv @ w.T
+    else:  # matmul, matmul_segmented: one output per weight
+        for w, o in zip(rest, out):
+            o[...] = xv @ w.T
+
+
+def rope_kv(op, a, out, q, k, v, pos, seq, cache, *extra):
+    """rope_kv (extra = [factors]) and norm_rope_kv (extra = [q_norm, k_norm]): out[0] gets the roped
+    queries; keys and values go to the cache, which is out[1] itself."""
+    factors = None
+    if op == "norm_rope_kv":
+        q, k = num.rmsnorm(q, extra[0], a["eps"]), num.rmsnorm(k, extra[1], a["eps"])
+    elif extra:
+        factors = extra[0]
+    rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"], factors=factors)
+    out[0][...] = num.rope(q, pos, a["heads"], **rope)
+    num.store_kv(cache, a["layer"], num.rope(k, pos, a["kv_heads"], **rope), v, seq, pos)
+
+
+_ATTN = ("layer", "heads", "kv_heads", "scale", "window")
+
+
+def attention(op, a, out, q, cache, seq, pos):
+    out[0][...] = num.attention(q, cache, seq, pos, *(a[k] for k in _ATTN))
+
+
+def attention_partial(op, a, out, q, cache, seq, pos):
+    """Split-context attention, first kernel: out[0] is [rows, heads, splits, d + 2] = (exp-weighted V
+    sum, max score, exp sum) per slice of `chunk` positions."""
+    out[0][...] = num.attention_partials(q, cache, seq, pos, *(a[k] for k in _ATTN), a["chunk"])
+
+
+def attention_reduce(op, a, out, part):
+    """attention_reduce and attention_reduce_pack: combine the slices, packing when out[0] is blocks."""
+    _store(out[0], num.reduce_partials(part))
+
+
+def glu_pack(op, a, out, gate, up):
+    _store(out[0], num.ACTIVATIONS[a["act"]](gate) * up)
+
+
+def elementwise(op, a, out, x, y=None):
+    if op == "add":
+        out[0][...] = x + y
+    elif op == "mul":
+        out[0][...] = x * y
+    elif op == "scale":
+        out[0][...] = x * np.float32(a["factor"])
+    elif op == "softcap":
+        out[0][...] = (np.tanh(x.astype(np.float64) / a["cap"]) * a["cap"]).astype(np.float32)
+    else:
+        out[0][...] = num.ACTIVATIONS[op](x)
+
+
+def take_rows(op, a, out, x, rows):
+    out[0][...] = x[rows]
+
+
+def tail_argmax(op, a, out, x, norm, head):
+    """Final norm, packing, output head and argmax: one int32 per row leaves the kernel."""
+    xv = num.packed_values(num.rmsnorm(x, norm, a["eps"]), a["format"])
+    out[0][...] = np.argmax(xv @ head.T, axis=-1)
+
+
+KERNELS: dict[str, Callable[..., Any]] = {
+    "embed_rows": embed, "rmsnorm": rmsnorm, "rmsnorm_pack": rmsnorm_pack, "pack": pack, "matmul": matmul,
+    "rope_kv": rope_kv, "attention": attention, "attention_partial": attention_partial,
+    "attention_reduce": attention_reduce, "glu_pack": glu_pack, "elementwise": elementwise,
+    "take_rows": take_rows, "tail_argmax": tail_argmax,
+}
