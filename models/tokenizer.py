@@ -117,6 +117,14 @@ class Tokenizer:
                            bos_token="" if v.bos is None else v.tokens[v.bos],
                            eos_token="" if v.eos is None else v.tokens[v.eos], **extra)
 
+    def encode_chat(self, messages: list[dict[str, Any]], **extra: Any) -> list[int]:
+        """Token ids of a conversation rendered by the chat template, ready for generation. Templates
+        usually write the BOS text themselves; then no second BOS is added."""
+        text = self.render_chat(messages, add_generation_prompt=True, **extra)
+        bos_text = "" if self.vocab.bos is None else self.vocab.tokens[self.vocab.bos]
+        has_bos = bool(bos_text) and text.startswith(bos_text)
+        return self.encode(text, add_special=not has_bos, parse_special=True)
+
 
 _CACHE: dict[tuple[str, int, int], Tokenizer] = {}
 _CACHE_SIZE = 4

@@ -56,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"-n must be >= 0, got {args.n}")
     engine = Engine.load(_plan_for(args.plan, args.ctx), args.model)
     tok = engine.tokenizer
-    text = tok.render_chat([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
-    prompt = tok.encode(text, add_special=True, parse_special=True)
+    if args.chat:
+        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}])
+    else:
+        prompt = tok.encode(args.prompt, add_special=True, parse_special=True)
     params = SamplingParams(args.temp, args.top_k, args.top_p, args.seed)
     stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
     gen = engine.generate(prompt, args.n, params, on_text=stream, keep_prompt_logits=bool(args.dump_logits))
