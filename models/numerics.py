@@ -100,9 +100,11 @@ def packed_values(x: np.ndarray, fmt: str) -> np.ndarray:
         return x
     if fmt == "f16":
         return x.astype(np.float16).astype(np.float32)
-    if fmt == "bf16":
+    if fmt == "bf16":  # round to nearest even, as ggml_compute_fp32_to_bf16; NaNs stay (quiet) NaNs
         bits = x.astype(np.float32).view(np.uint32).astype(np.uint64)
-        return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+        nan = (bits & 0x7FFFFFFF) > 0x7F800000
+        return (np.where(nan, (bits >> 16) | 64, rounded) << 16).astype(np.uint32).view(np.float32)
     return unpack_blocks(pack_blocks(x, fmt))
 
 

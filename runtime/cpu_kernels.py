@@ -16,7 +16,7 @@ from typing import Any, Callable
 import numpy as np
 
 from llmplan.models import numerics as num
-from llmplan.models.formats import dequantize
+from llmplan.models.formats import ACTIVATION_FORMATS, dequantize
 
 
 class MappedRows:
@@ -40,21 +40,20 @@ def _values(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float32, copy=False)
 
 
-def _store(dst: np.ndarray, x: np.ndarray) -> None:
-    """Write float32 rows into an output, packing to the output's format."""
-    if dst.dtype.names:
-        dst[...] = num.pack_blocks(x, _block_format(dst))
-    elif dst.dtype == np.float16:
-        dst[...] = x.astype(np.float16)
-    elif dst.dtype == np.uint16:
+_HELD_AS = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
+
+
+def _store(dst: np.ndarray, x: np.ndarray, fmt: str) -> None:
+    """Write float32 rows into an output in format `fmt` (the op's), which the buffer must hold."""
+    held = ACTIVATION_FORMATS[fmt.upper()].layout if fmt.startswith("q8") else _HELD_AS[fmt]
+    if dst.dtype != held:
+        raise ValueError(f"a {fmt} result into a buffer of {dst.dtype}: the plan is inconsistent")
+    if fmt.startswith("q8"):
+        dst[...] = num.pack_blocks(x, fmt)
+    elif fmt == "bf16":
         dst[...] = (num.packed_values(x, "bf16").view(np.uint32) >> 16).astype(np.uint16)
     else:
         dst[...] = x
-
-
-def _block_format(dst: np.ndarray) -> str:
-    names = dst.dtype.names
-    return "q8_k" if "bsums" in names else ("q8_1" if "s" in names else "q8_0")
 
 
 def embed(op, a, out, table: MappedRows, tokens):
@@ -66,11 +65,11 @@ def rmsnorm(op, a, out, x, w):
 
 
 def rmsnorm_pack(op, a, out, x, w):
-    _store(out[0], num.rmsnorm(x, w, a["eps"]))
+    _store(out[0], num.rmsnorm(x, w, a["eps"]), a["format"])
 
 
 def pack(op, a, out, x):
-    _store(out[0], x)
+    _store(out[0], x, a["format"])
 
 
 def matmul(op, a, out, x, *rest):
@@ -95,7 +94,7 @@ def rope_kv(op, a, out, q, k, v, pos, seq, cache, *extra):
         factors = extra[0]
     rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"], factors=factors)
     out[0][...] = num.rope(q, pos, a["heads"], **rope)
-    num.store_kv(cache, a["layer"], num.rope(k, pos, a["kv_heads"], **rope), v, seq, pos)
+    num.store_kv(out[1], a["layer"], num.rope(k, pos, a["kv_heads"], **rope), v, seq, pos)
 
 
 _ATTN = ("layer", "heads", "kv_heads", "scale", "window")
@@ -112,12 +111,12 @@ def attention_partial(op, a, out, q, cache, seq, pos):
 
 
 def attention_reduce(op, a, out, part):
-    """attention_reduce and attention_reduce_pack: combine the slices, packing when out[0] is blocks."""
-    _store(out[0], num.reduce_partials(part))
+    """attention_reduce and attention_reduce_pack: combine the slices (and pack them)."""
+    _store(out[0], num.reduce_partials(part), a.get("format", "f32"))
 
 
 def glu_pack(op, a, out, gate, up):
-    _store(out[0], num.ACTIVATIONS[a["act"]](gate) * up)
+    _store(out[0], num.ACTIVATIONS[a["act"]](gate) * up, a["format"])
 
 
 def elementwise(op, a, out, x, y=None):
