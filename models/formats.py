@@ -83,6 +83,43 @@ ACTIVATION_FORMATS: dict[str, Format] = {
 }
 
 
+# --- field planes --------------------------------------------------------------------------------
+#
+# On a GPU, blocks of 18, 34 or 210 bytes defeat 16-byte loads. Weights and packed activations there
+# (and packed activations in every backend's arena, so the CPU twins share the GPU kernels' interface)
+# are stored field by field: each field of the block layout becomes one contiguous plane
+# [rows, blocks per row, *field shape], planes in field order, each on a PLANE_ALIGN boundary.
+
+PLANE_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class Plane:
+    name: str
+    dtype: np.dtype  # element type
+    shape: tuple[int, ...]  # [rows, blocks per row, *field shape]
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        n = self.dtype.itemsize
+        for d in self.shape:
+            n *= d
+        return n
+
+
+def planes(fmt: Format, rows: int, k: int) -> tuple[list[Plane], int]:
+    """The planes of `rows` rows of `k` values in format `fmt`, and their total size in bytes."""
+    nb = k // fmt.block
+    out, offset = [], 0
+    for name in fmt.layout.names:
+        base, sub = fmt.layout[name].base, fmt.layout[name].shape
+        plane = Plane(name, base, (rows, nb, *sub), offset)
+        out.append(plane)
+        offset += -(-plane.nbytes // PLANE_ALIGN) * PLANE_ALIGN
+    return out, offset
+
+
 def format_of(t: T | int | str) -> Format:
     """The Format for a GGML type (enum, id or name); unsupported types raise FormatError."""
     if isinstance(t, str):

@@ -12,24 +12,25 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.models.formats import ACTIVATION_FORMATS
+from llmplan.models.formats import ACTIVATION_FORMATS, planes
 
-from .cpu_kernels import KERNELS
+from .cpu_kernels import KERNELS, Packed
 from .cpu_weights import CpuWeights
 
 _DTYPES = {"f32": np.dtype(np.float32), "i32": np.dtype(np.int32), "f16": np.dtype(np.float16),
            "bf16": np.dtype(np.uint16)}
 
 
-def _view(arena: np.ndarray, buf: dict[str, Any], dims: dict[str, int]) -> np.ndarray:
+def _view(arena: np.ndarray, buf: dict[str, Any], dims: dict[str, int]) -> np.ndarray | Packed:
     shape = [d if isinstance(d, int) else dims[d] for d in buf["shape"]]
+    at = buf["offset"]
     if buf["dtype"] in _DTYPES:
         dtype = _DTYPES[buf["dtype"]]
-    else:
-        fmt = ACTIVATION_FORMATS[buf["dtype"].upper()]
-        dtype, shape = fmt.layout, shape[:-1] + [shape[-1] // fmt.block]
-    n = math.prod(shape) * dtype.itemsize
-    return arena[buf["offset"]:buf["offset"] + n].view(dtype).reshape(shape)
+        return arena[at:at + math.prod(shape) * dtype.itemsize].view(dtype).reshape(shape)
+    fmt = ACTIVATION_FORMATS[buf["dtype"].upper()]
+    ps, _ = planes(fmt, math.prod(shape[:-1]), shape[-1])
+    return Packed(buf["dtype"], {p.name: arena[at + p.offset:at + p.offset + p.nbytes].view(p.dtype).reshape(p.shape)
+                                 for p in ps})
 
 
 class CpuExecutor:
@@ -66,8 +67,9 @@ class CpuExecutor:
             outs = [self.cache if "cache" in r else views[r["buf"]] for r in launch["outs"]]
             if self.poison:
                 for o in outs:
-                    if o is not self.cache and o.dtype.kind == "f":
-                        o[...] = np.nan
+                    target = o["d"] if isinstance(o, Packed) else o
+                    if o is not self.cache and target.dtype.kind == "f":
+                        target[...] = np.nan
             KERNELS[launch["family"]](launch["op"], launch["attrs"], outs, *args)
         return {name: self.cache if "cache" in ref else views[ref["buf"]]
                 for name, ref in p["outputs"].items() if name in want}

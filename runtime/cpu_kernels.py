@@ -2,7 +2,7 @@
 
 A kernel is called as kernel(op, attrs, outputs, *inputs), `op` naming the variant of the family;
 it reads its inputs and writes its outputs in place: arena views (f32 rows, 8-bit activation
-blocks in their byte layout, i32 tokens), the f16 K/V planes [layers, 2, slots, ctx, kv features],
+blocks as field planes, i32 tokens), the f16 K/V planes [layers, 2, slots, ctx, kv features],
 step state, and weights as the plan's residency says (float32 matrices for projections, mapped
 quantized rows for the embedding). Arithmetic is models/numerics.py's, shared with the IR's reference
 interpreter, so a plan run on the CPU gives the interpreter's numbers; GPU kernels are tested against
@@ -16,7 +16,22 @@ from typing import Any, Callable
 import numpy as np
 
 from llmplan.models import numerics as num
-from llmplan.models.formats import ACTIVATION_FORMATS, dequantize
+from llmplan.models.formats import dequantize
+
+
+class Packed:
+    """A packed activation buffer [rows, K] as its field planes (models/formats.planes): `d`, `qs` and
+    `s` (q8_1) or `bsums` (q8_k), each [rows, blocks, ...]."""
+
+    def __init__(self, fmt: str, planes: dict[str, np.ndarray]):
+        self.fmt, self.planes = fmt, planes
+
+    def __getitem__(self, field: str) -> np.ndarray:
+        return self.planes[field]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.planes["qs"].shape[:2]
 
 
 class MappedRows:
@@ -30,10 +45,10 @@ class MappedRows:
         return dequantize(np.ascontiguousarray(table[ids]), self.fmt, (len(ids), -1))
 
 
-def _values(x: np.ndarray) -> np.ndarray:
+def _values(x: np.ndarray | Packed) -> np.ndarray:
     """The float32 values of an activation: 8-bit blocks unpacked, f16 widened, bf16 (held as uint16
     bit patterns) shifted into place."""
-    if x.dtype.names:
+    if isinstance(x, Packed):
         return num.unpack_blocks(x)
     if x.dtype == np.uint16:
         return (x.astype(np.uint32) << 16).view(np.float32)
@@ -43,13 +58,15 @@ def _values(x: np.ndarray) -> np.ndarray:
 _HELD_AS = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": np.dtype(np.uint16)}
 
 
-def _store(dst: np.ndarray, x: np.ndarray, fmt: str) -> None:
+def _store(dst: np.ndarray | Packed, x: np.ndarray, fmt: str) -> None:
     """Write float32 rows into an output in format `fmt` (the op's), which the buffer must hold."""
-    held = ACTIVATION_FORMATS[fmt.upper()].layout if fmt.startswith("q8") else _HELD_AS[fmt]
-    if dst.dtype != held:
-        raise ValueError(f"a {fmt} result into a buffer of {dst.dtype}: the plan is inconsistent")
+    held = dst.fmt if isinstance(dst, Packed) else dst.dtype
+    if held != (fmt if fmt.startswith("q8") else _HELD_AS[fmt]):
+        raise ValueError(f"a {fmt} result into a {held} buffer: the plan is inconsistent")
     if fmt.startswith("q8"):
-        dst[...] = num.pack_blocks(x, fmt)
+        blocks = num.pack_blocks(x, fmt)
+        for name in blocks.dtype.names:
+            dst[name][...] = blocks[name]
     elif fmt == "bf16":
         dst[...] = (num.packed_values(x, "bf16").view(np.uint32) >> 16).astype(np.uint16)
     else:
@@ -133,7 +150,11 @@ def elementwise(op, a, out, x, y=None):
 
 
 def take_rows(op, a, out, x, rows):
-    out[0][...] = x[rows]
+    if isinstance(x, Packed):
+        for name, plane in x.planes.items():
+            out[0][name][...] = plane[rows]
+    else:
+        out[0][...] = x[rows]
 
 
 def tail_argmax(op, a, out, x, norm, head):

@@ -2,7 +2,7 @@
 
 ggml's test-backend-ops method (DESIGN.md, "Quality bars"): for every kernel family and every op it
 serves, fresh random inputs (never zeros) in several shapes, outputs poisoned before the call (NaN for
-float outputs, 0x7F bytes for packed blocks, bf16 bit patterns and int32), the kernel called through
+float outputs, 0x80 bytes for packed values, bf16 bit patterns and int32), the kernel called through
 `KERNELS[FAMILY_OF_OP[op]](op, attrs, outs, *inputs)` as the CPU executor calls it, its outputs checked
 fully written and compared with `IMPLS[op]` on the same values: normalized MSE under 1e-7 for
 exact-arithmetic kernels and 5e-4 for accumulation-order-sensitive ones, NaN/Inf positions equal.
@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from llmplan.ir.interpret import IMPLS
-from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of
+from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
 from llmplan.models.quantize import quantize
 from llmplan.plans.catalog import FAMILIES, FAMILY_OF_OP
-from llmplan.runtime.cpu_kernels import KERNELS, MappedRows
+from llmplan.runtime.cpu_kernels import KERNELS, MappedRows, Packed
 
 F32, F16, U16 = np.float32, np.float16, np.uint16
 EXACT = 1e-7  # packing, norms, integer-valued dots, elementwise
@@ -52,38 +52,50 @@ def run(op, attrs, outs, *inputs):
     KERNELS[FAMILY_OF_OP[op]](op, attrs, outs, *inputs)
 
 
+POISON = 0x80  # as int8 -128, which no q8 value takes; as int16/int32/bf16 bits, nothing a kernel writes
+
+
 def poisoned(shape, dtype):
-    """An output buffer full of poison: NaN for floats, 0x7F bytes for blocks, bf16 bits and ints."""
+    """An output buffer full of poison: NaN for floats, 0x80 bytes for packed values, bf16 bits and ints."""
     dtype = np.dtype(dtype)
     out = np.empty(shape, dtype)
     if dtype.kind == "f":
         out.fill(np.nan)
     else:
-        out.reshape(-1).view(np.uint8).fill(0x7F)
+        out.reshape(-1).view(np.uint8).fill(POISON)
     return out
+
+
+def planar(blocks, fmt):
+    """Blocks (a structured array of the format's layout) as the field planes the backend stores."""
+    return Packed(fmt, {name: np.ascontiguousarray(blocks[name]) for name in blocks.dtype.names})
 
 
 def act_buffer(fmt, rows, k):
     """A poisoned activation buffer as the CPU backend lays it out (cpu_backend._view)."""
     if fmt in Q8:
         f = ACTIVATION_FORMATS[fmt.upper()]
-        return poisoned((rows, k // f.block), f.layout)
+        return Packed(fmt, {p.name: poisoned(p.shape, p.dtype) for p in planes(f, rows, k)[0]})
     return poisoned((rows, k), {"f32": F32, "f16": F16, "bf16": U16}[fmt])
 
 
 def assert_written(out):
-    """No poison left: no NaN in float outputs, no all-0x7F element in the others."""
+    """No poison left: no NaN in float outputs, no element of all-POISON bytes in the others."""
+    if isinstance(out, Packed):
+        for plane in out.planes.values():
+            assert_written(plane)
+        return
     if out.dtype.kind == "f":
         assert not np.isnan(out).any(), f"{np.isnan(out).sum()} of {out.size} outputs left unwritten (NaN)"
     else:
         b = out.reshape(-1).view(np.uint8).reshape(out.size, out.dtype.itemsize)
-        left = (b == 0x7F).all(axis=1).sum()
-        assert left == 0, f"{left} of {out.size} output elements still hold the 0x7F poison"
+        left = (b == POISON).all(axis=1).sum()
+        assert left == 0, f"{left} of {out.size} output elements still hold the poison"
 
 
 def values(a):
     """The float32 values an activation stands for, decoded here independently of cpu_kernels._values."""
-    if a.dtype.names:
+    if isinstance(a, Packed):
         return (a["qs"].astype(F32) * a["d"].astype(F32)[..., None]).reshape(a.shape[0], -1)
     if a.dtype == U16:
         return (a.astype(np.uint32) << 16).view(F32)
@@ -137,6 +149,7 @@ def random_activation(rng, fmt, rows, k):
             a["d"] = d.astype(F16)
         if fmt == "q8_1":
             a["s"] = (a["d"].astype(F32) * qs.sum(-1).astype(F32)).astype(F16)
+        a = planar(a, fmt)
     return a, values(a)
 
 
