@@ -6,6 +6,8 @@ import argparse
 import os
 import time
 
+from llmplan.codegen.select import select
+from llmplan.codegen.targets import target_for
 from llmplan.models.model import open_model
 
 from .compile import DEFAULT_CHUNK, compile_model
@@ -24,16 +26,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def gpu_kernel_stage(phases, weights, device):
+    """codegen's part of `plan compile` for a GPU target: build every candidate, choose per launch."""
+    return select(phases, weights, target_for(device.arch), device)
+
+
 def run(args: argparse.Namespace) -> int:
     out = args.output or os.path.splitext(args.model)[0] + ".plan"
+    device = resolve_device(args.device)
     t0 = time.perf_counter()
-    summary = compile_model(open_model(args.model), resolve_device(args.device), out, args.ctx, args.chunk)
+    summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk,
+                            kernels=None if device.backend == "cpu" else gpu_kernel_stage)
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print_json(summary)
         return 0
     launches = ", ".join(f"{k} {v}" for k, v in summary["launches"].items())
+    kernels = ""
+    if "kernels" in summary:
+        cached = ", cached" if summary["build_cached"] else ""
+        kernels = f"; {summary['kernels']} kernels built in {summary['build_seconds']:.1f} s{cached}"
     print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {summary['limits']['ctx']}, "
-          f"chunk {summary['limits']['chunk']}, arena {human_bytes(summary['arena_bytes'])}; launches: {launches} "
-          f"({summary['seconds']:.2f} s)")
+          f"chunk {summary['limits']['chunk']}, arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
+          f"{kernels} ({summary['seconds']:.2f} s)")
     return 0

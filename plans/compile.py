@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -66,12 +66,16 @@ def _residency(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
     return out
 
 
+# The GPU kernel stage (codegen/select.py), passed in by the caller: plans/ must not import codegen/.
+KernelStage = Callable[[dict[str, dict[str, Any]], dict[str, tuple[str, tuple[int, ...]]], DeviceFacts], Any]
+
+
 def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
-                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1) -> dict[str, Any]:
-    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI."""
-    if device.backend != "cpu":
-        raise InputError(f"--device {device.arch}: kernels for {device.backend.upper()} targets are not generated "
-                         "yet; use --device cpu")
+                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, kernels: KernelStage | None = None) -> dict[str, Any]:
+    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. GPU targets
+    need `kernels`, the codegen stage that builds and chooses their kernels."""
+    if device.backend != "cpu" and kernels is None:
+        raise InputError(f"--device {device.arch}: no kernel generator was given for {device.backend.upper()}")
     limits = _limits(model, ctx, chunk, max_seqs)
     table = model.weight_table()
     phases, texts, declines = {}, {}, {}
@@ -85,7 +89,8 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
                               if n.op == "attention_partial"), default=1)
         phases[phase] = lower(fused, device, dims) | {"dims": dims}
     arena = max(p["arena_bytes"] for p in phases.values())
-    residency = _residency(phases)
+    gpu = _gpu_kernels(phases, table, device, kernels) if device.backend != "cpu" else None
+    residency = _residency(phases) if gpu is None else gpu.pop("residency")
     header = {
         "llmplan": "0.1.0",
         "device": device.to_dict(),
@@ -105,9 +110,39 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "declines": declines,
         "kernels": sorted({(l["family"], l["member"]) for p in phases.values() for l in p["launches"]}),
     }
+    if gpu is not None:
+        body["gpu"] = gpu
+        body["kernels"] = sorted(gpu["manifests"])
     size = write_plan(out, header, body)
-    return {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
-            "launches": {ph: len(p["launches"]) for ph, p in phases.items()}, "limits": limits}
+    summary = {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
+               "launches": {ph: sum(len(l.get("kernels", [0])) for l in p["launches"]) for ph, p in phases.items()},
+               "limits": limits}
+    if gpu is not None:
+        summary |= {"kernels": len(gpu["manifests"]), "build_seconds": gpu["seconds"], "build_cached": gpu["cached"]}
+    return summary
+
+
+def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, stage: KernelStage) -> dict[str, Any]:
+    """Build and choose the kernels of every launch; attach them to the launches; the plan's gpu section."""
+    built, chosen = stage(phases, table, device)
+    residency: dict[str, dict[str, str]] = {}
+    for phase, choices in chosen.items():
+        for launch, choice in zip(phases[phase]["launches"], choices):
+            launch["member"], launch["provenance"] = choice.member, choice.provenance
+            launch["pruned"] = choice.pruned
+            launch["kernels"] = [{"name": ln.kernel.name, "grid": [list(g) if isinstance(g, tuple) else g
+                                                                   for g in ln.grid],
+                                  "block": ln.kernel.block, "smem": ln.smem, "args": ln.args}
+                                 for ln in choice.launches]
+            for ln in choice.launches:
+                for arg in ln.args:
+                    if "weight" in arg:
+                        layout = arg.get("layout", "plain")
+                        residency.setdefault(arg["weight"], {})[layout] = layout
+    used = {k["name"] for p in phases.values() for l in p["launches"] for k in l["kernels"]}
+    return {"target": built.target, "compiler": built.compiler, "source": built.source, "binary": built.binary,
+            "ptx": built.ptx, "seconds": built.seconds, "cached": built.cached,
+            "manifests": {n: vars(m) for n, m in built.manifests.items() if n in used}, "residency": residency}
 
 
 def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:

@@ -1,0 +1,62 @@
+"""What a kernel family hands the planner: kernels to compile, and launches of them.
+
+A family module (codegen/families/<family>.py) turns one lowered launch (plans/lower.py) into one or
+more Launch records for a target. Each names a Kernel: an `extern "C"` entry point with a stable name,
+generated as a few lines that instantiate the family's templated device code (codegen/kernels/*.cu)
+with the constants of this use (formats, tile shapes, widths). Everything that varies per layer
+(sizes, pointers) is a kernel argument, so one kernel serves every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+# A grid dimension: an int, or (symbol, per): ceil(symbol / per), symbol bound per step (rows, seqs).
+GridDim = int | tuple[str, int]
+
+
+def grid_dim(value: int | str, per: int = 1) -> GridDim:
+    return -(-value // per) if isinstance(value, int) else (value, per)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    family: str
+    source: str  # file under codegen/kernels/ holding the templated device code
+    entry: str  # the generated `LP_KERNEL void <name>(...) { ... }` text
+    block: int  # threads per block
+    expects: tuple[str, ...] = ()  # instruction classes the compiled code must contain (see build.py)
+
+
+@dataclass
+class Launch:
+    kernel: Kernel
+    grid: tuple[GridDim, ...]
+    args: list[dict[str, Any]] = field(default_factory=list)  # plan references and scalars, in order
+    smem: int = 0  # dynamic shared memory bytes
+
+
+def scalar(value: int | float | str, kind: str = "i32") -> dict[str, Any]:
+    """A scalar kernel argument: a constant, or a symbol (rows, seqs) bound per step."""
+    return {kind: value}
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a family may ask about a launch's operands: buffer and weight types, and the target."""
+
+    buffers: list[dict[str, Any]]  # plans/lower.py buffers: dtype, shape (symbols allowed)
+    weights: dict[str, tuple[str, tuple[int, ...]]]  # name -> (format, shape in NumPy order)
+    target: Any  # codegen/targets.py Target
+
+    def dtype(self, ref: dict[str, Any]) -> str:
+        if "buf" in ref:
+            return self.buffers[ref["buf"]]["dtype"]
+        return self.weights[ref["weight"]][0].lower()
+
+    def shape(self, ref: dict[str, Any]) -> tuple:
+        if "buf" in ref:
+            return tuple(self.buffers[ref["buf"]]["shape"])
+        return tuple(self.weights[ref["weight"]][1])
