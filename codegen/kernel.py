@@ -43,6 +43,13 @@ def scalar(value: int | float | str, kind: str = "i32") -> dict[str, Any]:
     return {kind: value}
 
 
+def scratch(name: str, dtype: str, shape: list[int | str]) -> dict[str, Any]:
+    """A buffer the graph does not name (a split-K workspace, a packed copy, partial results): the
+    planner places it apart from every arena value, live across the launches of one node, with no
+    initial contents. The same dict appears in the launch that writes it and the ones that read it."""
+    return {"scratch": name, "dtype": dtype, "shape": list(shape)}
+
+
 @dataclass(frozen=True)
 class Context:
     """What a family may ask about a launch's operands: buffer and weight types, and the target."""
@@ -50,6 +57,12 @@ class Context:
     buffers: list[dict[str, Any]]  # plans/lower.py buffers: dtype, shape (symbols allowed)
     weights: dict[str, tuple[str, tuple[int, ...]]]  # name -> (format, shape in NumPy order)
     target: Any  # codegen/targets.py Target
+    dims: dict[str, int] = field(default_factory=dict)  # the phase's bound of each symbol (rows, seqs, ...)
+    multiprocessors: int = 1  # of the device the plan is for: how many blocks fill it
+
+    def bound(self, dim: int | str) -> int:
+        """A dimension's largest value in this phase (a symbol's bound; unbound symbols raise)."""
+        return dim if isinstance(dim, int) else self.dims[dim]
 
     def dtype(self, ref: dict[str, Any]) -> str:
         if "buf" in ref:

@@ -36,7 +36,7 @@ TARGETS: dict[str, Target] = {
 
 # Instruction classes a kernel may require, and how each shows in the disassembly of each vendor.
 INSTRUCTIONS = {
-    "dot4": {"cuda": ("IDP.4A",), "hip": ("v_dot4_i32_iu8", "v_dot4_i32_i8")},
+    "dot4": {"cuda": ("IDP.4A",), "hip": ("v_dot4_i32_iu8", "v_dot4_i32_i8", "v_dot4c_i32_i8")},
     "load128": {"cuda": ("LDG.E.128",), "hip": ("global_load_b128", "global_load_dwordx4", "buffer_load_dwordx4")},
     "imma": {"cuda": ("IMMA.",), "hip": ("v_wmma_i32_16x16x16_iu8", "v_mfma_i32")},
     "hmma": {"cuda": ("HMMA.",), "hip": ("v_wmma_f32_16x16x16_f16", "v_mfma_f32")},

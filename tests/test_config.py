@@ -10,7 +10,7 @@ from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
 from llmplan.models.config import config_from_gguf, config_to_metadata, gemma3_swa_layers
 from llmplan.models.errors import ConfigError
 from llmplan.models.gguf import GGUFFile, MetaValue
-from llmplan.models.model import bind_tensors, expected_tensors, open_model
+from llmplan.models.model import expected_tensors, open_model
 from model_files import rewrite, u32
 
 

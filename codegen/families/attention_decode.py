@@ -1,0 +1,94 @@
+"""Split-context decode attention (codegen/kernels/attention_decode.cu): attention_partial, then
+attention_reduce / attention_reduce_pack.
+
+attention_partial: one block per (split, K/V head, row), grid (splits, kv_heads, rows), THREADS
+threads; the kernel is specialised on head_dim D, group G = heads / kv_heads and the chunk (the
+split's positions), so the G query heads' slices sit in registers and each K/V row of the slice is
+read once, with 128-bit loads, for all of them. Decode is memory bound: the slice's K and V bytes are
+the traffic, read once at full coalescing; the grid fills the GPU from one sequence once the context
+spans a few chunks.
+
+attention_reduce[_pack]: grid (ceil(heads * D / TILE), rows), REDUCE_THREADS threads; each block
+combines TILE outputs of one row over all splits (skipping empty ones) and stores them as f32, or
+packs them (q8_0, q8_1, q8_k through common.cuh's lp_pack_row; f16; bf16) for the output projection.
+
+Kernel arguments: attention_partial(q, cache, seq, pos, part, layer, slots, ctx, kv_heads, splits,
+window, scale); attention_reduce(part, out, rows, heads, d, splits). `slots`, `ctx`, `rows` and
+`splits` are symbols the runtime binds (the cache's and the buffers' dimensions).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..build import BuildError
+from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+
+OUT_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
+REDUCE_THREADS = 256
+TILE = 256  # outputs per reduce block: whole q8_0 / q8_1 / q8_k blocks
+MAX_SHARED = 32768  # bytes of static shared memory a partial kernel may use (scores or reduction)
+
+
+def partial_threads(d: int, group: int) -> int:
+    """Threads of the partial kernel: 256 (8 waves of 32, 4 of 64) unless the cross-wave reduction
+    of G x D floats over half the waves would pass MAX_SHARED on a wave32 target; then 128."""
+    return 256 if 4 * group * d * 4 <= MAX_SHARED else 128
+
+
+def partial_kernel(d: int, group: int, chunk: int) -> Kernel:
+    """The attention_partial kernel for head_dim d, group heads per K/V head and chunk positions."""
+    if d % 8 or d <= 0:
+        raise BuildError(f"attention_partial: head_dim {d} is not a multiple of 8 (16-byte K/V slices)")
+    if d > 256 * 4:
+        raise BuildError(f"attention_partial: head_dim {d} is over 1024")
+    threads = partial_threads(d, group)
+    waves32 = threads // 32
+    shared = max(waves32 // 2 * group * d, group * chunk) * 4
+    if shared > MAX_SHARED:
+        raise BuildError(f"attention_partial: {group} heads per K/V head x head_dim {d} x chunk {chunk} need "
+                         f"{shared} bytes of shared memory (at most {MAX_SHARED})")
+    name = f"lp_attention_partial_d{d}_g{group}_c{chunk}"
+    entry = (f"LP_KERNEL void __launch_bounds__({threads}) {name}(const float* q, const lp_half* cache, "
+             "const int* seq, const int* pos, float* part, int layer, int slots, int ctx, int kv_heads, "
+             "int splits, int window, float scale) { "
+             f"lp_attention_partial<{d}, {group}, {chunk}, {threads}>(q, cache, seq, pos, part, layer, slots, ctx, "
+             "kv_heads, splits, window, scale); }")
+    return Kernel(name, "attention_partial", "attention_decode.cu", entry, threads, ("load128",))
+
+
+def reduce_kernel(fmt: str) -> Kernel:
+    """attention_reduce (fmt f32) or attention_reduce_pack to fmt."""
+    if fmt not in OUT_FORMATS:
+        raise BuildError(f"attention_reduce: output format {fmt} is not supported ({', '.join(OUT_FORMATS)})")
+    name = "lp_attention_reduce_f32" if fmt == "f32" else f"lp_attention_reduce_pack_{fmt}"
+    entry = (f"LP_KERNEL void __launch_bounds__({REDUCE_THREADS}) {name}(const float* part, void* out, int rows, "
+             f"int heads, int d, int splits) {{ lp_attention_reduce<{OUT_FORMATS[fmt]}, {TILE}>(part, out, rows, "
+             "heads, d, splits); }")
+    return Kernel(name, "attention_reduce", "attention_decode.cu", entry, REDUCE_THREADS)
+
+
+def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
+    op, a = launch["op"], launch["attrs"]
+    if op == "attention_partial":
+        q, cache, seq, pos = launch["args"]
+        part = launch["outs"][0]
+        rows, heads, splits, width = ctx.shape(part)
+        d, kv_heads = width - 2, a["kv_heads"]
+        if heads != a["heads"] or heads % kv_heads or ctx.shape(q)[-1] != heads * d:
+            raise BuildError(f"attention_partial: {heads} heads / {kv_heads} K/V heads of {d} do not fit the query "
+                             f"{ctx.shape(q)}")
+        kernel = partial_kernel(d, heads // kv_heads, a["chunk"])
+        grid = (grid_dim(splits), kv_heads, grid_dim(rows))
+        args = [q, cache, seq, pos, part, scalar(a["layer"]), scalar("slots"), scalar("ctx"), scalar(kv_heads),
+                scalar(splits), scalar(a["window"]), scalar(a["scale"], "f32")]
+        return [Launch(kernel, grid, args)]
+    if op in ("attention_reduce", "attention_reduce_pack"):
+        part, out = launch["args"][0], launch["outs"][0]
+        rows, heads, splits, width = ctx.shape(part)
+        d = width - 2
+        fmt = a["format"] if op == "attention_reduce_pack" else "f32"
+        kernel = reduce_kernel(fmt)
+        grid = (grid_dim(heads * d, TILE), grid_dim(rows))
+        return [Launch(kernel, grid, [part, out, scalar(rows), scalar(heads), scalar(d), scalar(splits)])]
+    raise BuildError(f"attention_decode: no kernel for op {op}")

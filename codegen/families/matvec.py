@@ -1,0 +1,123 @@
+"""Wave mat-vec (codegen/kernels/matvec.cu): the decode-time projections matmul, matmul_segmented and
+matmul_residual for activations of at most a few rows.
+
+One wave per output row, WAVES waves per block; grid (ceil(out rows / WAVES), ceil(rows / C)): block y
+serves activation columns [C*y, C*y + C) with one pass over each weight row. A segmented launch covers
+the out rows of all its weights (up to 3, each in its own format, all taking the same packed x).
+Decode is memory-bound: each weight byte is read once per step with 16-byte loads by consecutive lanes,
+and the arithmetic is integer dot products on the quants (codegen/kernels/quant.cuh). CPU twin:
+runtime/cpu_kernels.py matmul.
+
+Members: "c1".."c8", the activation columns one pass serves (C). The planner picks the member; a launch
+without one gets C = its row count when that is a number (capped at 8), else MAX_COLUMNS: one pass
+over the weights for any batched decode step up to 8 sequences.
+
+Launch arguments, in order: x, the weights ({"weight": name, "layout": "planar"}: the kernel computes
+the planes of models/formats.planes(FORMATS[fmt], rows=out, k=in) itself), the residual r
+(matmul_residual), the outputs, then rows (the activation's row count, usually the symbol "rows"), k,
+and each weight's out rows.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from llmplan.ir.ops import ACTIVATION_FORMAT
+
+from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+
+# weight formats the kernels read, and the activation format each takes (ir/ops.py ACTIVATION_FORMAT)
+FORMATS = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_VALUES = {"F16": 8, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
+                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
+WAVES = 4  # waves per block
+MAX_COLUMNS = 8
+MEMBERS = tuple(f"c{c}" for c in range(1, MAX_COLUMNS + 1))
+OPS = ("matmul", "matmul_segmented", "matmul_residual")
+
+
+class MatvecError(ValueError):
+    """A launch this family cannot serve (format, shape); the message names the weight."""
+
+
+def planar(ref: dict[str, Any]) -> dict[str, Any]:
+    """The reference to the planar relayout of a weight (models/formats.planes)."""
+    return {"weight": ref["weight"], "layout": "planar"}
+
+
+def check_weight(ctx: Context, ref: dict[str, Any], what: str = "mat-vec") -> tuple[str, int, int]:
+    """(format, out rows, in) of a weight the kernels can read, else MatvecError."""
+    fmt = ctx.weights[ref["weight"]][0].upper()
+    n, k = ctx.shape(ref)
+    if fmt not in FORMATS:
+        raise MatvecError(f"{what}: weight {ref['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
+    if k % BLOCK_VALUES[fmt]:
+        raise MatvecError(f"{what}: weight {ref['weight']} ({fmt}) has rows of {k}, not a multiple of "
+                          f"{BLOCK_VALUES[fmt]}")
+    return fmt, n, k
+
+
+def columns(launch: dict[str, Any], rows: int | str) -> int:
+    """C, the activation columns one pass serves: the member's, else as the module docstring says."""
+    m = re.fullmatch(r"c([1-8])", str(launch.get("member", "")))
+    if m:
+        return int(m.group(1))
+    return max(1, min(rows, MAX_COLUMNS)) if isinstance(rows, int) else MAX_COLUMNS
+
+
+def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+    """One pass over the weights serves every row the phase can have (up to MAX_COLUMNS)."""
+    return [f"c{max(1, min(ctx.bound(ctx.shape(launch['args'][0])[0]), MAX_COLUMNS))}"]
+
+
+def kernel(formats: list[str], residual: bool, c: int, target: Any) -> Kernel:
+    """The kernel for these segment formats, epilogue and column count, on this target."""
+    nseg = len(formats)
+    assert 1 <= nseg <= 3 and 1 <= c <= MAX_COLUMNS and not (residual and nseg > 1)
+    acts = {ACTIVATION_FORMAT[f.lower()] for f in formats}
+    if len(acts) != 1:
+        raise MatvecError(f"segments {'/'.join(formats)} take different activations ({', '.join(sorted(acts))})")
+    fmts = "_".join(f.lower() for f in (formats if len(set(formats)) > 1 else formats[:1]))
+    name = f"lp_matvec_{fmts}_seg{nseg}_res{int(residual)}_c{c}"
+    threads = WAVES * target.wave
+    ws = [f"w{i}" for i in range(nseg)]
+    ys = [f"y{i}" for i in range(nseg)]
+    params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
+              + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)])
+    pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
+    codes = pad([f"LP_FMT_{f}" for f in formats], "0")
+    ns = pad([f"n{i}" for i in range(nseg)], "0")
+    call = (f"lp_matvec<{codes}, {nseg}, {'true' if residual else 'false'}, {c}>(x, {pad(ws, 'nullptr')}, "
+            f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, {ns})")
+    entry = f"LP_KERNEL void __launch_bounds__({threads}) {name}({', '.join(params)}) {{ {call}; }}"
+    quantized = any(f != "F16" for f in formats)
+    return Kernel(name, "matmul", "matvec.cu", entry, threads,
+                  ("dot4", "load128") if quantized else ("load128",))
+
+
+def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
+    op = launch["op"]
+    if op not in OPS:
+        raise MatvecError(f"the mat-vec family does not implement {op}")
+    args, outs = launch["args"], launch["outs"]
+    x = args[0]
+    residual = op == "matmul_residual"
+    weights = args[1:2] if residual else args[1:]
+    if not 1 <= len(weights) <= 3 or len(outs) != len(weights):
+        raise MatvecError(f"{op}: {len(weights)} weights and {len(outs)} outputs (the kernels take 1 to 3)")
+    checked = [check_weight(ctx, w) for w in weights]
+    formats = [f for f, _, _ in checked]
+    rows, k = ctx.shape(x)
+    for (fmt, _, wk), w in zip(checked, weights):
+        if wk != k:
+            raise MatvecError(f"{op}: weight {w['weight']} has rows of {wk}, the activation {k}")
+    want = ACTIVATION_FORMAT[formats[0].lower()]
+    if ctx.dtype(x) != want:
+        raise MatvecError(f"{op}: a {formats[0]} weight takes {want} activations, not {ctx.dtype(x)}")
+    c = columns(launch, rows)
+    kern = kernel(formats, residual, c, ctx.target)
+    total = sum(n for _, n, _ in checked)
+    refs = [x, *(planar(w) for w in weights), *([args[2]] if residual else []), *outs]
+    return [Launch(kern, (grid_dim(total, WAVES), grid_dim(rows, c)),
+                   refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked])]

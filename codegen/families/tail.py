@@ -1,0 +1,94 @@
+"""The fused tail (codegen/kernels/tail.cu): op `tail_argmax`, the greedy next token of each row:
+argmax(pack[format](rmsnorm[eps](x, norm)) . head^T), one int32 per row.
+
+The head is the largest weight a decode step reads: launch 2 reads it once, as the mat-vec reads a
+weight, and keeps only one (logit, index) pair per block and row, so no logits reach memory. CPU
+twin: runtime/cpu_kernels.py tail_argmax. Three launches:
+  1. lp_tail_pack_<format>: grid (rows,), THREADS threads; args x, norm, the packed scratch, rows, k, eps.
+  2. lp_tail_logits_<head format>_c<C>: grid (ceil(vocab / SLICE), ceil(rows / C)), WAVES waves (as the
+     mat-vec); args the packed scratch, the head ({"weight": name, "layout": "planar"}), the pairs
+     scratch, rows, k, vocab, SLICE.
+  3. lp_tail_argmax_reduce: grid (rows,), THREADS threads; args the pairs scratch, out, the block count
+     of launch 2.
+
+Two scratch buffers (codegen/kernel.py scratch; packed formats laid out as field planes, as an arena
+value of that type) carry values between the launches:
+  "tail_argmax.x"     dtype the activation format, shape [rows, k]: launch 1 -> launch 2;
+  "tail_argmax.part"  dtype "f32", shape [rows, blocks, 2]: (f32 logit, i32 index bits) pairs,
+                      launch 2 -> launch 3.
+
+Members: "c1".."c8", the activation rows one pass over the head serves (as matvec.columns).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llmplan.ir.ops import ACTIVATION_FORMAT
+
+from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
+from .matvec import MatvecError, check_weight, columns
+from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
+
+THREADS = 256
+WAVES = 4  # waves per block of launch 2, as the mat-vec
+SLICE = 64  # vocabulary rows per block of launch 2: ~2000 blocks for a 128K vocabulary (enough waves to
+# keep the head streaming), while the pairs scratch stays 1/64 of the logits
+ACT_CODES = {"q8_0": "LP_ACT_Q8_0", "q8_1": "LP_ACT_Q8_1", "q8_k": "LP_ACT_Q8_K", "f16": "LP_ACT_F16"}
+REDUCE = "lp_tail_argmax_reduce"
+
+
+def pack_kernel(act: str) -> Kernel:
+    name = f"lp_tail_pack_{act}"
+    entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, const float* norm, void* out, "
+             f"int rows, int k, float eps) {{ lp_tail_pack<{ACT_CODES[act]}>(x, norm, out, rows, k, eps); }}")
+    return Kernel(name, "tail_argmax", "tail.cu", entry, THREADS)
+
+
+def launch_bounds(threads: int, target: Any) -> str:
+    """__launch_bounds__(threads), with an explicit minimum of 1 block per SM on NVIDIA: with the one-
+    argument form, ptxas (CUDA 13) trades a few spilled bytes for occupancy in the head-row loop (one
+    to eight of the 88 format x column kernels per arch); with the minimum stated it does not. (The
+    HIP macro of vendor.h takes one argument.)"""
+    return f"__launch_bounds__({threads}, 1)" if target.nvidia else f"__launch_bounds__({threads})"
+
+
+def logits_kernel(fmt: str, c: int, target: Any) -> Kernel:
+    name = f"lp_tail_logits_{fmt.lower()}_c{c}"
+    threads = WAVES * target.wave
+    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, LpBest* part, "
+             f"int rows, int k, int vocab, int slice) "
+             f"{{ lp_tail_logits<LP_FMT_{fmt}, {c}>(x, head, part, rows, k, vocab, slice); }}")
+    expects = ("dot4", "load128") if fmt != "F16" else ("load128",)
+    return Kernel(name, "tail_argmax", "tail.cu", entry, threads, expects)
+
+
+def reduce_kernel() -> Kernel:
+    entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {REDUCE}(const LpBest* part, int* out, int blocks) "
+             f"{{ lp_tail_reduce(part, out, blocks); }}")
+    return Kernel(REDUCE, "tail_argmax", "tail.cu", entry, THREADS)
+
+
+def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
+    if launch["op"] != "tail_argmax":
+        raise MatvecError(f"the tail family does not implement {launch['op']}")
+    x, norm, head = launch["args"]
+    out = launch["outs"][0]
+    a = launch["attrs"]
+    fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
+    act = ACTIVATION_FORMAT[fmt.lower()]
+    if a["format"] != act:
+        raise MatvecError(f"tail_argmax: a {fmt} head takes {act} activations, the op packs {a['format']}")
+    rows = ctx.shape(x)[0]
+    c = columns(launch, rows)
+    blocks = -(-vocab // SLICE)
+    packed = scratch("tail_argmax.x", act, [rows, k])
+    part = scratch("tail_argmax.part", "f32", [rows, blocks, 2])
+    return [
+        Launch(pack_kernel(act), (grid_dim(rows),),
+               [x, norm, packed, scalar(rows), scalar(k), scalar(a["eps"], "f32")]),
+        Launch(logits_kernel(fmt, c, ctx.target), (blocks, grid_dim(rows, c)),
+               [packed, {"weight": head["weight"], "layout": "planar"}, part, scalar(rows), scalar(k), scalar(vocab),
+                scalar(SLICE)]),
+        Launch(reduce_kernel(), (grid_dim(rows),), [part, out, scalar(blocks)]),
+    ]

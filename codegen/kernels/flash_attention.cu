@@ -1,0 +1,479 @@
+// flash_attention.cu: prefill attention over the f16 K/V cache, compute-bound.
+//
+// What it computes: models/numerics.py attention. Query row r (heads of D values) attends over slot
+// seq[r] of the cache's layer, positions [first, pos[r]] (first = pos[r] - window + 1 when window > 0,
+// else 0); query head h reads K/V head h / (heads / kv_heads). Q is rounded to f16, scores are f32 dot
+// products times `scale`, softmax in f32 (online: running max and sum, rescaled as the max grows), the
+// exp weights are rounded to f16 where they meet V, products accumulate in f32, out = acc / sum of the
+// unrounded weights. The twin rounds exp(s - final max) to f16 where this kernel rounds exp(s - running
+// max): an accumulation-order difference (NMSE well under 5e-4).
+//
+// lp_attention_flash<D>: matrix cores (mma.sync m16n8k16 f16 on sm_80+, WMMA f16 16x16x16 on gfx11).
+//   A block serves one K/V head and BQ = 16 * NW query vectors: RQ = BQ / G consecutive rows x the
+//   G = heads / kv_heads query heads that share the K/V head (GQA: K/V are read once for the group).
+//   grid = (ceil(rows / RQ), kv_heads), NW waves of 32. Each wave owns 16 query vectors; S = Q K^T and
+//   O += P V run on f16 fragments with f32 accumulators (CUDA keeps P in registers: the S accumulator
+//   layout is the A fragment layout; gfx11 computes S^T = K Q^T and O^T = V^T P^T so that one lane owns
+//   one query vector, and swaps half of P with the lane 16 away). K tiles [BKV][D] and V tiles stored
+//   transposed [D][BKV] sit in shared memory (rows padded by 16 bytes: conflict-free fragment loads).
+//   Rows of different sequences may share a tile (a chunk spans sequences): the block walks the distinct
+//   slots of its tile in turn, each over the union of its rows' ranges, with every other row masked.
+//   Shared memory (static): D=64: NW 4, BKV 64; D=128: NW 4, BKV 32; D=256: NW 2, BKV 16 (LpFlashCfg).
+// lp_attention_rows<D>: no matrix cores, every target. One block of 128 threads per (row, query head):
+//   each wave takes WAVE-position chunks (one score per lane, then the chunk's weights meet V with lanes
+//   split over D), and the waves' partial (max, sum, acc) combine at the end.
+//
+// Why it is fast: prefill attention is compute-bound; the flash kernel reads each K/V tile once per
+// block of BQ query vectors (all GQA heads together), keeps scores in registers (never in memory) and
+// does both products on matrix cores; waves skip K/V tiles outside their own rows' causal ranges.
+#include "common.cuh"
+#include "mma.cuh"
+
+#define LP_BIG 0x7fffffff
+
+template <int D> struct LpFlashCfg;
+template <> struct LpFlashCfg<64> { static constexpr int NW = 4, BKV = 64; };
+template <> struct LpFlashCfg<128> { static constexpr int NW = 4, BKV = 32; };
+template <> struct LpFlashCfg<256> { static constexpr int NW = 2, BKV = 16; };
+
+__device__ __forceinline__ unsigned lp_pack_h2(float lo, float hi) {
+#if defined(LP_HIP)
+  return (unsigned)__builtin_bit_cast(unsigned short, (_Float16)lo) |
+         ((unsigned)__builtin_bit_cast(unsigned short, (_Float16)hi) << 16);
+#else
+  return (unsigned)__half_as_ushort(__float2half_rn(lo)) | ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
+#endif
+}
+
+__device__ __forceinline__ float lp_half_lo(unsigned w) {
+#if defined(LP_HIP)
+  return (float)__builtin_bit_cast(_Float16, (unsigned short)(w & 0xFFFFu));
+#else
+  return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
+#endif
+}
+__device__ __forceinline__ float lp_half_hi(unsigned w) { return lp_half_lo(w >> 16); }
+
+struct alignas(16) lp_w4 {
+  unsigned w[4];
+};
+__device__ __forceinline__ lp_w4 lp_load16(const void* p) {
+  lp_w4 r;
+#if defined(LP_HIP)
+  typedef unsigned lp_v4u __attribute__((ext_vector_type(4)));
+  const lp_v4u v = *(const lp_v4u*)p;
+  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
+#else
+  const uint4 v = *(const uint4*)p;
+  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
+#endif
+  return r;
+}
+
+__device__ __forceinline__ int lp_wave_min_i(int v) {
+  #pragma unroll
+  for (int m = WAVE / 2; m > 0; m >>= 1) v = lp_min(v, lp_shfl_xor(v, m));
+  return v;
+}
+
+// min over the block of int values; every thread gets it (scratch: one int per wave)
+__device__ __forceinline__ int lp_block_min_i(int v, int* scratch) {
+  v = lp_wave_min_i(v);
+  if (lp_lane() == 0) scratch[lp_wave()] = v;
+  lp_sync();
+  int m = LP_BIG;
+  for (int w = 0; w < lp_waves(); ++w) m = lp_min(m, scratch[w]);
+  lp_sync();
+  return m;
+}
+
+__device__ __forceinline__ int lp_first_position(int p, int window) { return window > 0 ? lp_max(0, p - window + 1) : 0; }
+
+// ---- flash (matrix cores) ----------------------------------------------------------------------
+template <int D>
+__device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, const lp_half* __restrict__ cache,
+                                   const int* __restrict__ seq, const int* __restrict__ posv, float* __restrict__ out,
+                                   int rows, int heads, int kv_heads, int slots, int ctx, int layer, float scale,
+                                   int window) {
+#if defined(LP_MMA) || defined(LP_WMMA)
+  constexpr int NW = LpFlashCfg<D>::NW, BKV = LpFlashCfg<D>::BKV, BQ = 16 * NW, THREADS = 32 * NW;
+  constexpr int QW = D / 2 + 4;    // words per Q / K row in shared memory (16 bytes of padding)
+  constexpr int VW = BKV / 2 + 4;  // words per transposed V row
+  __shared__ unsigned sq[BQ * QW];
+  __shared__ unsigned sk[BKV * QW];
+  __shared__ unsigned svt[D * VW];
+  __shared__ int sslot[BQ], spos[BQ], sfirst[BQ], sred[NW];
+
+  const int tid = lp_tid(), wave = lp_wave(), lane = lp_lane();
+  const int G = heads / kv_heads, kvh = lp_bid_y(), RQ = BQ / G;
+  const int r0 = lp_bid() * RQ, kvdim = kv_heads * D, qdim = heads * D;
+
+  for (int v = tid; v < BQ; v += THREADS) {
+    const int row = r0 + v / G;
+    const bool ok = v < RQ * G && row < rows;
+    const int p = ok ? posv[row] : -1;
+    sslot[v] = ok ? seq[row] : -1;
+    spos[v] = p;
+    sfirst[v] = ok ? lp_first_position(p, window) : LP_BIG;
+  }
+  // Q tile, rounded to f16: vector v = (row r0 + v / G, head kvh * G + v % G)
+  for (int i = tid; i < BQ * (D / 8); i += THREADS) {
+    const int v = i / (D / 8), c = i % (D / 8);
+    const int row = r0 + v / G;
+    unsigned w[4] = {0u, 0u, 0u, 0u};
+    if (v < RQ * G && row < rows) {  // two 16-byte loads of f32, rounded to f16 pairs
+      const float* src = q + (size_t)row * qdim + (size_t)(kvh * G + v % G) * D + c * 8;
+      const lp_w4 lo = lp_load16(src), hi = lp_load16(src + 4);
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        w[j] = lp_pack_h2(lp_as_float((int)lo.w[2 * j]), lp_as_float((int)lo.w[2 * j + 1]));
+        w[2 + j] = lp_pack_h2(lp_as_float((int)hi.w[2 * j]), lp_as_float((int)hi.w[2 * j + 1]));
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) sq[v * QW + c * 4 + j] = w[j];
+  }
+  lp_sync();
+
+  const lp_half* kbase = cache + ((size_t)layer * 2 * slots) * ctx * kvdim + (size_t)kvh * D;
+  const lp_half* vbase = kbase + (size_t)slots * ctx * kvdim;
+
+#if defined(LP_MMA)
+  // lane: rows g, g + 8 of the wave's 16 vectors; accumulator columns 2t, 2t + 1
+  const int g = lane >> 2, tq = lane & 3;
+  const int va = wave * 16 + g, vb = va + 8;
+  float o[D / 8][4];
+  #pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m[2] = {-__builtin_inff(), -__builtin_inff()}, l[2] = {0.0f, 0.0f};
+  const int my_v = wave * 16 + (lane & 15);  // for the wave's range: lanes 0..15 and 16..31 repeat
+#else
+  const int li = lane & 15, hi = lane >> 4;
+  const int va = wave * 16 + li;
+  lp_v8f o[D / 16];
+  #pragma unroll
+  for (int i = 0; i < D / 16; ++i) o[i] = lp_v8f{0, 0, 0, 0, 0, 0, 0, 0};
+  float m = -__builtin_inff(), l = 0.0f;
+  const int my_v = va;
+#endif
+
+  int prev = -1;
+  #pragma unroll 1
+  while (true) {
+    // the next slot of the tile, and the union of its rows' ranges
+    int cand = LP_BIG;
+    for (int v = tid; v < BQ; v += THREADS)
+      if (sslot[v] > prev) cand = lp_min(cand, sslot[v]);
+    const int S = lp_block_min_i(cand, sred);
+    if (S == LP_BIG) break;
+    int lo = LP_BIG, hi_neg = LP_BIG;
+    for (int v = tid; v < BQ; v += THREADS)
+      if (sslot[v] == S) {
+        lo = lp_min(lo, sfirst[v]);
+        hi_neg = lp_min(hi_neg, -(spos[v] + 1));
+      }
+    lo = lp_block_min_i(lo, sred);
+    const int hi_end = -lp_block_min_i(hi_neg, sred);
+    // this wave's own range (a wave skips tiles no row of its own needs)
+    const bool mine = sslot[my_v] == S;
+    const int wlo = lp_wave_min_i(mine ? sfirst[my_v] : LP_BIG);
+    const int whi = -lp_wave_min_i(mine ? -(spos[my_v] + 1) : LP_BIG);
+    const size_t slot_off = (size_t)S * ctx * kvdim;
+
+    #pragma unroll 1
+    for (int j0 = lo; j0 < hi_end; j0 += BKV) {
+      lp_sync();  // the previous tile is consumed
+      for (int i = tid; i < BKV * (D / 8); i += THREADS) {
+        const int r = i / (D / 8), c = i % (D / 8), p = j0 + r;
+        lp_w4 v;
+        if (p < hi_end) v = lp_load16(kbase + slot_off + (size_t)p * kvdim + c * 8);
+        else v.w[0] = v.w[1] = v.w[2] = v.w[3] = 0u;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) sk[r * QW + c * 4 + j] = v.w[j];
+      }
+      // V transposed: word pp of row d holds positions 2pp, 2pp + 1 (zeros past the range: P is 0 there)
+      for (int i = tid; i < (BKV / 2) * (D / 8); i += THREADS) {
+        const int pp = i % (BKV / 2), c = i / (BKV / 2), p = j0 + 2 * pp;
+        lp_w4 v0, v1;
+        if (p < hi_end) v0 = lp_load16(vbase + slot_off + (size_t)p * kvdim + c * 8);
+        else v0.w[0] = v0.w[1] = v0.w[2] = v0.w[3] = 0u;
+        if (p + 1 < hi_end) v1 = lp_load16(vbase + slot_off + (size_t)(p + 1) * kvdim + c * 8);
+        else v1.w[0] = v1.w[1] = v1.w[2] = v1.w[3] = 0u;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          svt[(c * 8 + 2 * j) * VW + pp] = (v0.w[j] & 0xFFFFu) | (v1.w[j] << 16);
+          svt[(c * 8 + 2 * j + 1) * VW + pp] = (v0.w[j] >> 16) | (v1.w[j] & 0xFFFF0000u);
+        }
+      }
+      lp_sync();
+      if (j0 >= whi || j0 + BKV <= wlo) continue;  // nothing in this tile for this wave's rows
+
+#if defined(LP_MMA)
+      float s[BKV / 8][4];
+      #pragma unroll
+      for (int i = 0; i < BKV / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      #pragma unroll 2
+      for (int kd = 0; kd < D / 16; ++kd) {
+        int a[4];
+        a[0] = (int)sq[va * QW + kd * 8 + tq];
+        a[1] = (int)sq[vb * QW + kd * 8 + tq];
+        a[2] = (int)sq[va * QW + kd * 8 + 4 + tq];
+        a[3] = (int)sq[vb * QW + kd * 8 + 4 + tq];
+        #pragma unroll
+        for (int ni = 0; ni < BKV / 8; ++ni) {
+          const int b[2] = {(int)sk[(ni * 8 + g) * QW + kd * 8 + tq], (int)sk[(ni * 8 + g) * QW + kd * 8 + 4 + tq]};
+          lp_mma_f16_k16(s[ni], a, b);
+        }
+      }
+      // mask, scale, online softmax (rows va: h = 0, vb: h = 1)
+      float mx[2] = {-__builtin_inff(), -__builtin_inff()};
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int v = h ? vb : va;
+        const int vs = sslot[v], vf = sfirst[v], vp = spos[v];
+        #pragma unroll
+        for (int ni = 0; ni < BKV / 8; ++ni)
+          #pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int p = j0 + ni * 8 + 2 * tq + e;
+            const bool ok = vs == S && p >= vf && p <= vp;
+            const float x = ok ? s[ni][2 * h + e] * scale : -__builtin_inff();
+            s[ni][2 * h + e] = x;
+            mx[h] = lp_fmax(mx[h], x);
+          }
+      }
+      float alpha[2];
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        mx[h] = lp_fmax(mx[h], lp_shfl_xor(mx[h], 1));
+        mx[h] = lp_fmax(mx[h], lp_shfl_xor(mx[h], 2));
+        const float mn = lp_fmax(m[h], mx[h]);
+        alpha[h] = mn == -__builtin_inff() ? 1.0f : lp_exp(m[h] - mn);
+        m[h] = mn;
+      }
+      float sum[2] = {0.0f, 0.0f};
+      #pragma unroll
+      for (int ni = 0; ni < BKV / 8; ++ni)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const float x = s[ni][e];
+          const float p = x == -__builtin_inff() ? 0.0f : lp_exp(x - m[e >> 1]);
+          s[ni][e] = p;
+          sum[e >> 1] += p;
+        }
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sum[h] += lp_shfl_xor(sum[h], 1);
+        sum[h] += lp_shfl_xor(sum[h], 2);
+        l[h] = l[h] * alpha[h] + sum[h];
+      }
+      #pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd)
+        #pragma unroll
+        for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
+      // O += P V: the S accumulators of two neighbouring fragments are one A fragment of P
+      #pragma unroll
+      for (int kk = 0; kk < BKV / 16; ++kk) {
+        int a[4];
+        a[0] = (int)lp_pack_h2(s[2 * kk][0], s[2 * kk][1]);
+        a[1] = (int)lp_pack_h2(s[2 * kk][2], s[2 * kk][3]);
+        a[2] = (int)lp_pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+        a[3] = (int)lp_pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        #pragma unroll
+        for (int nd = 0; nd < D / 8; ++nd) {
+          const int b[2] = {(int)svt[(nd * 8 + g) * VW + kk * 8 + tq], (int)svt[(nd * 8 + g) * VW + kk * 8 + 4 + tq]};
+          lp_mma_f16_k16(o[nd], a, b);
+        }
+      }
+#else  // LP_WMMA: S^T = K Q^T, O^T = V^T P^T; lane (li, hi) owns query vector va, positions / dims 2e + hi
+      lp_v8f st[BKV / 16];
+      #pragma unroll
+      for (int i = 0; i < BKV / 16; ++i) st[i] = lp_v8f{0, 0, 0, 0, 0, 0, 0, 0};
+      #pragma unroll 2
+      for (int kd = 0; kd < D / 16; ++kd) {
+        lp_v8i bw;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) bw[j] = (int)sq[va * QW + kd * 8 + j];
+        const lp_v16h b = __builtin_bit_cast(lp_v16h, bw);
+        #pragma unroll
+        for (int fi = 0; fi < BKV / 16; ++fi) {
+          lp_v8i aw;
+          #pragma unroll
+          for (int j = 0; j < 8; ++j) aw[j] = (int)sk[(fi * 16 + li) * QW + kd * 8 + j];
+          st[fi] = lp_wmma_f16(__builtin_bit_cast(lp_v16h, aw), b, st[fi]);
+        }
+      }
+      const int vs = sslot[va], vf = sfirst[va], vp = spos[va];
+      float mx = -__builtin_inff();
+      float s[BKV / 16][8];
+      #pragma unroll
+      for (int fi = 0; fi < BKV / 16; ++fi)
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int p = j0 + fi * 16 + 2 * e + hi;
+          const bool ok = vs == S && p >= vf && p <= vp;
+          const float x = ok ? st[fi][e] * scale : -__builtin_inff();
+          s[fi][e] = x;
+          mx = lp_fmax(mx, x);
+        }
+      mx = lp_fmax(mx, lp_shfl_xor(mx, 16));
+      const float mn = lp_fmax(m, mx);
+      const float alpha = mn == -__builtin_inff() ? 1.0f : lp_exp(m - mn);
+      m = mn;
+      float sum = 0.0f;
+      #pragma unroll
+      for (int fi = 0; fi < BKV / 16; ++fi)
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float x = s[fi][e];
+          const float p = x == -__builtin_inff() ? 0.0f : lp_exp(x - m);
+          s[fi][e] = p;
+          sum += p;
+        }
+      sum += lp_shfl_xor(sum, 16);
+      l = l * alpha + sum;
+      #pragma unroll
+      for (int nd = 0; nd < D / 16; ++nd)
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) o[nd][e] *= alpha;
+      #pragma unroll
+      for (int kk = 0; kk < BKV / 16; ++kk) {
+        // B = P^T: lane li needs positions 0..15 of vector li; it holds 2e + hi, the lane 16 away the rest
+        unsigned mine[4], other[4];
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          mine[j] = lp_pack_h2(s[kk][2 * j], s[kk][2 * j + 1]);
+          other[j] = lp_shfl_xor(mine[j], 16);
+        }
+        lp_v8i bw;
+        #pragma unroll
+        for (int j = 0; j < 8; ++j) {  // word j: positions 2j (even lane's e = j), 2j + 1 (odd lane's e = j)
+          const unsigned ev = hi ? other[j >> 1] : mine[j >> 1], od = hi ? mine[j >> 1] : other[j >> 1];
+          const unsigned sh = (j & 1) * 16;
+          bw[j] = (int)(((ev >> sh) & 0xFFFFu) | (((od >> sh) & 0xFFFFu) << 16));
+        }
+        const lp_v16h b = __builtin_bit_cast(lp_v16h, bw);
+        #pragma unroll
+        for (int nd = 0; nd < D / 16; ++nd) {
+          lp_v8i aw;
+          #pragma unroll
+          for (int j = 0; j < 8; ++j) aw[j] = (int)svt[(nd * 16 + li) * VW + kk * 8 + j];
+          o[nd] = lp_wmma_f16(__builtin_bit_cast(lp_v16h, aw), b, o[nd]);
+        }
+      }
+#endif
+    }
+    prev = S;
+  }
+
+  // out = acc / sum, rows of this tile only
+#if defined(LP_MMA)
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int v = h ? vb : va;
+    const int row = r0 + v / G;
+    if (v < RQ * G && row < rows) {
+      float* dst = out + (size_t)row * qdim + (size_t)(kvh * G + v % G) * D;
+      #pragma unroll
+      for (int nd = 0; nd < D / 8; ++nd)
+        #pragma unroll
+        for (int e = 0; e < 2; ++e) dst[nd * 8 + 2 * tq + e] = o[nd][2 * h + e] / l[h];
+    }
+  }
+#else
+  {
+    const int row = r0 + va / G;
+    if (va < RQ * G && row < rows) {
+      float* dst = out + (size_t)row * qdim + (size_t)(kvh * G + va % G) * D;
+      #pragma unroll
+      for (int nd = 0; nd < D / 16; ++nd)
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) dst[nd * 16 + 2 * e + hi] = o[nd][e] / l;
+    }
+  }
+#endif
+#else
+  (void)q; (void)cache; (void)seq; (void)posv; (void)out; (void)rows; (void)heads; (void)kv_heads; (void)slots;
+  (void)ctx; (void)layer; (void)scale; (void)window;
+  __builtin_trap();  // no matrix cores here: the family declares itself unsupported (codegen/targets.py)
+#endif
+}
+
+// ---- rows (no matrix cores) --------------------------------------------------------------------
+// grid (rows, heads), 128 threads. Wave w takes WAVE-position chunks w, w + NWR, ...: lane l scores
+// position base + l against the f16-rounded query (from shared memory), then the chunk's weights
+// (f16-rounded) meet V with each lane holding D / WAVE output values.
+template <int D>
+__device__ __forceinline__ void lp_attention_rows(const float* __restrict__ q, const lp_half* __restrict__ cache,
+                                  const int* __restrict__ seq, const int* __restrict__ posv, float* __restrict__ out,
+                                  int rows, int heads, int kv_heads, int slots, int ctx, int layer, float scale,
+                                  int window) {
+  static_assert(D % WAVE == 0 && D <= 256, "head dim: a multiple of the wave width, up to 256");
+  constexpr int NWR = 128 / WAVE, DL = D / WAVE;  // waves; output values per lane
+  __shared__ float sq[D];
+  __shared__ float sm[NWR], sl[NWR];
+  __shared__ float sacc[NWR][D];
+  const int row = lp_bid(), h = lp_bid_y(), wave = lp_wave(), lane = lp_lane();
+  (void)rows;
+  const int kvh = h / (heads / kv_heads), kvdim = kv_heads * D;
+  for (int i = lp_tid(); i < D; i += lp_bdim()) sq[i] = lp_h2f(lp_f2h(q[(size_t)row * heads * D + (size_t)h * D + i]));
+  lp_sync();
+  const int p = posv[row], lo = lp_first_position(p, window), hi_end = p + 1;
+  const size_t base = ((size_t)(layer * 2) * slots + seq[row]) * ctx * kvdim + (size_t)kvh * D;
+  const lp_half* kb = cache + base;
+  const lp_half* vb = cache + base + (size_t)slots * ctx * kvdim;
+  float m = -__builtin_inff(), l = 0.0f, acc[DL];
+  #pragma unroll
+  for (int i = 0; i < DL; ++i) acc[i] = 0.0f;
+  #pragma unroll 1
+  for (int c0 = lo + wave * WAVE; c0 < hi_end; c0 += NWR * WAVE) {
+    const int pl = c0 + lane;
+    float s = -__builtin_inff();
+    if (pl < hi_end) {
+      const lp_half* kr = kb + (size_t)pl * kvdim;
+      float dot = 0.0f;
+      #pragma unroll 4
+      for (int c = 0; c < D / 8; ++c) {
+        const lp_w4 kw = lp_load16(kr + c * 8);
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          dot = __builtin_fmaf(sq[c * 8 + 2 * j], lp_half_lo(kw.w[j]), dot);
+          dot = __builtin_fmaf(sq[c * 8 + 2 * j + 1], lp_half_hi(kw.w[j]), dot);
+        }
+      }
+      s = dot * scale;
+    }
+    const float mn = lp_fmax(m, lp_wave_max(s));
+    const float alpha = mn == -__builtin_inff() ? 1.0f : lp_exp(m - mn);
+    m = mn;
+    const float pw = s == -__builtin_inff() ? 0.0f : lp_exp(s - m);
+    l = l * alpha + lp_wave_sum(pw);
+    const float pr = lp_h2f(lp_f2h(pw));  // the weight as it meets V
+    #pragma unroll
+    for (int i = 0; i < DL; ++i) acc[i] *= alpha;
+    const int n = lp_min(WAVE, hi_end - c0);
+    #pragma unroll 1
+    for (int j = 0; j < n; ++j) {
+      const float pj = lp_shfl(pr, j);
+      const lp_half* vr = vb + (size_t)(c0 + j) * kvdim + lane * DL;
+      #pragma unroll
+      for (int i = 0; i < DL; ++i) acc[i] = __builtin_fmaf(pj, lp_h2f(vr[i]), acc[i]);
+    }
+  }
+  if (lane == 0) {
+    sm[wave] = m;
+    sl[wave] = l;
+  }
+  #pragma unroll
+  for (int i = 0; i < DL; ++i) sacc[wave][lane * DL + i] = acc[i];
+  lp_sync();
+  float top = -__builtin_inff();
+  for (int w = 0; w < NWR; ++w) top = lp_fmax(top, sm[w]);
+  float total = 0.0f;
+  for (int w = 0; w < NWR; ++w) total += sm[w] == -__builtin_inff() ? 0.0f : sl[w] * lp_exp(sm[w] - top);
+  for (int i = lp_tid(); i < D; i += lp_bdim()) {
+    float a = 0.0f;
+    for (int w = 0; w < NWR; ++w) a += sm[w] == -__builtin_inff() ? 0.0f : sacc[w][i] * lp_exp(sm[w] - top);
+    out[(size_t)row * heads * D + (size_t)h * D + i] = a / total;
+  }
+}

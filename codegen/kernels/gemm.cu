@@ -1,0 +1,990 @@
+// gemm.cu: prefill projections out[rows, n] = x[rows, k] . dequantize(W[n, k])^T (+ r), compute-bound.
+//
+// What it computes: the CPU twin (runtime/cpu_kernels.py matmul) multiplies the packed activation's
+// values (qs * d) by the exactly dequantized weight in float32. Here every product is formed exactly
+// in integers: per quantization sub-block (32 values, or 16 for Q2_K/Q3_K/Q6_K) the int8 weight
+// values meet the int8 activation values in an integer matrix-core tile (or lp_dot4), and the exact
+// integer sum I is scaled into float accumulators: acc += I * (d_x * d_w) - xs * m_w, where d_w and m_w
+// are the weight sub-block's scale and min as the dequantizer forms them (d * sc, dmin * m, in f32) and
+// xs = d_x * sum(qs) over the sub-block (q8_k: from bsums; q8_1: counted exactly). The sums differ from
+// the twin's only in float accumulation order (NMSE well under 5e-4). F16 weights (f16 activations)
+// use f16 matrix cores with f32 accumulators (products exact in f32, as the twin's).
+//
+// Launch geometry: a block computes a TR x TW tile of the output (TR activation rows x TW weight rows,
+// TW = output columns) with THREADS = 2 * TW threads. grid = (sum over segments of ceil(n_i / TW),
+// ceil(rows / TR), splits): x walks the concatenated weight rows of up to three segments (q|k|v,
+// gate|up; each in its own weight format), y the activation rows, z the split of k. K is walked in
+// tiles of 128 values (64 for F16): each thread loads the next tile's raw quantized fields into
+// registers (16-byte loads from the planar weight, models/formats.planes) while the block computes
+// the current one from shared memory, then unpacks them to int8 + float scales in shared memory.
+// With splits > 1 the block writes its partial float tile to a workspace [splits, rows, sum n_i] and
+// lp_gemm_fixup sums the partials and applies the epilogue (segment outputs, residual add).
+//
+// Members (KIND): 0 = matrix cores (mma.sync m16n8k32 / m16n8k16 s8 on sm_80+, WMMA iu8 16x16x16 on
+// gfx11; f16 m16n8k16 / WMMA f16 for F16 weights), 1 = lp_dot4 micro-tiles (every target).
+// Waves (LpGemmCfg): sm_80+ puts 2 waves along the rows (128x128: 64x32 per wave, 4x4 fragments of
+// 16x8; 64x128 and 64x64: 32x32); gfx11 puts 4 along the rows at 128x128 (32x64 per wave, 2x4
+// fragments of 16x16) and 2 otherwise (32x32). The activation rows are the fragments' M side, so a
+// q8_k activation scale is loaded once per k-tile. The dot4 tile gives each thread 8 rows x 4 weights.
+// Shared memory is static: LpGemmSmem<TR, TW, F>::BYTES (mirrored in codegen/families/gemm.py).
+//
+// Why it is fast: prefill is compute-bound, so the inner loop is matrix-core work fed from shared
+// memory (XOR-swizzled 16-byte chunks: conflict-free fragment loads, 16-byte stores), with one float
+// rescale per 16/32-value sub-block (the integer sum reaches float through lp_magic_to_float, no I2F),
+// and global loads of the next tile in flight under the current tile's math. Weights stay in their
+// quantized planar form (no second, wider copy of the model in memory).
+#include "common.cuh"
+#include "mma.cuh"
+
+// ---- 16-byte values ----------------------------------------------------------------------------
+
+struct alignas(16) lp_words4 {
+  unsigned w[4];
+};
+
+__device__ __forceinline__ lp_words4 lp_ld16(const void* p) {
+  lp_words4 r;
+#if defined(LP_HIP)
+  typedef unsigned lp_v4u __attribute__((ext_vector_type(4)));
+  const lp_v4u v = *(const lp_v4u*)p;
+  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
+#else
+  const uint4 v = *(const uint4*)p;
+  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
+#endif
+  return r;
+}
+
+__device__ __forceinline__ void lp_st16(void* p, const lp_words4& v) {
+#if defined(LP_HIP)
+  typedef unsigned lp_v4u __attribute__((ext_vector_type(4)));
+  lp_v4u t;
+  t.x = v.w[0]; t.y = v.w[1]; t.z = v.w[2]; t.w = v.w[3];
+  *(lp_v4u*)p = t;
+#else
+  *(uint4*)p = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+#endif
+}
+
+__device__ __forceinline__ lp_words4 lp_zero16() {
+  lp_words4 r;
+  r.w[0] = r.w[1] = r.w[2] = r.w[3] = 0u;
+  return r;
+}
+
+// bytes x in [0, 127 + c] -> x - c as int8, bytewise (no borrows between bytes)
+__device__ __forceinline__ unsigned lp_sub_bytes(unsigned v, unsigned c) {
+  return (v + 0x01010101u * (0x80u - c)) ^ 0x80808080u;
+}
+// bits 0..3 of h -> bit 0 of bytes 0..3
+__device__ __forceinline__ unsigned lp_spread4(unsigned h) { return (h * 0x00204081u) & 0x01010101u; }
+// byte i of the 12 bytes w0, w1, w2 (selects, not an indexed array: i may be a runtime value)
+__device__ __forceinline__ unsigned lp_byte(unsigned w0, unsigned w1, unsigned w2, int i) {
+  const unsigned word = (i >> 2) == 0 ? w0 : ((i >> 2) == 1 ? w1 : w2);
+  return (word >> (8 * (i & 3))) & 0xFFu;
+}
+
+// two f16 values packed in a word, as floats
+__device__ __forceinline__ void lp_h2f2(unsigned w, float& lo, float& hi) {
+#if defined(LP_HIP)
+  lo = (float)__builtin_bit_cast(_Float16, (unsigned short)(w & 0xFFFFu));
+  hi = (float)__builtin_bit_cast(_Float16, (unsigned short)(w >> 16));
+#else
+  lo = __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
+  hi = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
+#endif
+}
+
+// ---- weight formats ----------------------------------------------------------------------------
+// Codes shared with codegen/families/gemm.py (WEIGHT_FORMATS).
+#define LP_F16 0
+#define LP_Q4_0 1
+#define LP_Q4_1 2
+#define LP_Q5_0 3
+#define LP_Q5_1 4
+#define LP_Q8_0 5
+#define LP_Q2_K 6
+#define LP_Q3_K 7
+#define LP_Q4_K 8
+#define LP_Q5_K 9
+#define LP_Q6_K 10
+
+// QK: values per block; SB: values per integer sub-sum; MIN: the format subtracts a min (or adds an
+// offset) that meets the activation's block sums; ACT: activation format (0 q8_0, 1 q8_1, 2 q8_k,
+// 3 f16); FB0..FB4: bytes per block of each field plane, in models/formats.py field order.
+template <int F> struct LpW;
+#define LP_WFMT(F_, QK_, SB_, MIN_, ACT_, N_, B0, B1, B2, B3, B4)                                          \
+  template <> struct LpW<F_> {                                                                         \
+    static constexpr int QK = QK_, SB = SB_, MIN = MIN_, ACT = ACT_, NFIELD = N_;                      \
+    static constexpr int FB0 = B0, FB1 = B1, FB2 = B2, FB3 = B3, FB4 = B4;                             \
+  };
+LP_WFMT(LP_F16, 1, 1, 0, 3, 1, 2, 0, 0, 0, 0)            // v
+LP_WFMT(LP_Q4_0, 32, 32, 0, 0, 2, 2, 16, 0, 0, 0)        // d, qs[16]
+LP_WFMT(LP_Q4_1, 32, 32, 1, 1, 3, 2, 2, 16, 0, 0)        // d, m, qs[16]
+LP_WFMT(LP_Q5_0, 32, 32, 0, 0, 3, 2, 4, 16, 0, 0)        // d, qh u32, qs[16]
+LP_WFMT(LP_Q5_1, 32, 32, 1, 1, 4, 2, 2, 4, 16, 0)        // d, m, qh u32, qs[16]
+LP_WFMT(LP_Q8_0, 32, 32, 0, 0, 2, 2, 32, 0, 0, 0)        // d, qs[32]
+LP_WFMT(LP_Q2_K, 256, 16, 1, 2, 4, 16, 64, 2, 2, 0)      // scales[16], qs[64], d, dmin
+LP_WFMT(LP_Q3_K, 256, 16, 0, 2, 4, 32, 64, 12, 2, 0)     // hmask[32], qs[64], scales[12], d
+LP_WFMT(LP_Q4_K, 256, 32, 1, 2, 4, 2, 2, 12, 128, 0)     // d, dmin, scales[12], qs[128]
+LP_WFMT(LP_Q5_K, 256, 32, 1, 2, 5, 2, 2, 12, 32, 128)    // d, dmin, scales[12], qh[32], qs[128]
+LP_WFMT(LP_Q6_K, 256, 16, 0, 2, 4, 128, 64, 16, 2, 0)    // ql[128], qh[64], scales[16], d
+#undef LP_WFMT
+
+// The field planes of a planar weight [n, k] (models/formats.planes: plane i holds field i of every
+// block, rows in order, each plane starting on a 256-byte boundary). Shared by every weight reader.
+template <int F> struct LpWPlanes {
+  const uint8_t* f[5];
+};
+
+template <int F> __device__ __forceinline__ LpWPlanes<F> lp_weight_planes(const void* base, int n, int k) {
+  typedef LpW<F> T;
+  const int fb[5] = {T::FB0, T::FB1, T::FB2, T::FB3, T::FB4};
+  const size_t blocks = (size_t)n * (size_t)(k / T::QK);
+  const uint8_t* p = (const uint8_t*)base;
+  LpWPlanes<F> out;
+  #pragma unroll
+  for (int i = 0; i < 5; ++i) {
+    out.f[i] = p;
+    if (i < T::NFIELD) p += lp_align(blocks * fb[i]);
+  }
+  return out;
+}
+
+// ---- shared-memory tile ------------------------------------------------------------------------
+// One k-tile = 128 bytes per row: 128 int8 values (64 f16 for F16). Rows are 8 chunks of 16 bytes;
+// chunk c of row r lives at chunk (c ^ (r & 7)) (fragment loads of 8 consecutive rows hit 8 different
+// chunks, so all 32 banks). Float side tables per row: weight scale / min per sub-block (wsc, wmn),
+// activation scale per activation block (xd: 4 per tile for q8_0/q8_1, 1 for q8_k) and activation
+// sub-block sums d_x * sum(qs) (xs, only for formats with a min).
+template <int TR, int TW, int F> struct LpGemmSmem {
+  typedef LpW<F> T;
+  static constexpr int NSB = T::ACT == 3 ? 0 : 128 / T::SB;
+  static constexpr int NXD = T::ACT == 3 ? 0 : (T::ACT == 2 ? 1 : 4);
+  static constexpr int W = 0;
+  static constexpr int X = W + TW * 128;
+  static constexpr int WSC = X + TR * 128;
+  static constexpr int WMN = WSC + TW * NSB * 4;
+  static constexpr int XD = WMN + (T::MIN ? TW * NSB * 4 : 0);
+  static constexpr int XS = XD + TR * NXD * 4;
+  static constexpr int BYTES = XS + (T::MIN ? TR * NSB * 4 : 0);
+};
+
+struct LpTile {
+  lp_words4* w;
+  lp_words4* x;
+  float* wsc;
+  float* wmn;
+  float* xd;
+  float* xs;
+};
+
+__device__ __forceinline__ int lp_chunk(int row, int c) { return row * 8 + (c ^ (row & 7)); }
+
+// ---- weight tile loaders -----------------------------------------------------------------------
+// A loader unit is one weight row x 64 values of the k-tile (u = 0, 1); load() fetches the raw fields
+// into registers (zeros outside the matrix), store() writes int8 values and float scales to the tile.
+// Value = wsc * q - wmn for every format (the dequantizer's products, in f32).
+template <int F> struct LpWRaw;
+
+// Q4_0, Q4_1, Q5_0, Q5_1: a unit is two 32-value blocks, tile sub-blocks 2u and 2u + 1
+template <int F> struct LpWRaw32 {
+  typedef LpW<F> T;
+  static constexpr bool HI = F == LP_Q5_0 || F == LP_Q5_1;
+  static constexpr bool MINF = F == LP_Q4_1 || F == LP_Q5_1;
+  lp_words4 qs[2];
+  unsigned qh[2];
+  float d[2], m[2];
+  __device__ __forceinline__ void load(const LpWPlanes<F>& p, int row, int kt, int u, int nb, bool ok) {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int b = kt * 4 + 2 * u + i;
+      const bool v = ok && b < nb;
+      const size_t blk = (size_t)row * nb + b;
+      d[i] = v ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
+      m[i] = MINF && v ? lp_h2f(((const lp_half*)p.f[1])[blk]) : 0.0f;
+      qh[i] = HI && v ? ((const unsigned*)p.f[MINF ? 2 : 1])[blk] : 0u;
+      qs[i] = v ? lp_ld16(p.f[T::NFIELD - 1] + blk * 16) : lp_zero16();
+    }
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int r, int u) const {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = 2 * u + i;
+      lp_words4 lo, hi;
+      #pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        unsigned l = qs[i].w[w] & 0x0F0F0F0Fu, h = (qs[i].w[w] >> 4) & 0x0F0F0F0Fu;
+        if (HI) {  // bit j of qh is bit 4 of value j
+          l |= lp_spread4((qh[i] >> (4 * w)) & 15u) << 4;
+          h |= lp_spread4((qh[i] >> (16 + 4 * w)) & 15u) << 4;
+        }
+        if (!MINF) {  // Q4_0: q - 8, Q5_0: q - 16
+          l = lp_sub_bytes(l, HI ? 16u : 8u);
+          h = lp_sub_bytes(h, HI ? 16u : 8u);
+        }
+        lo.w[w] = l;
+        hi.w[w] = h;
+      }
+      lp_st16(&t.w[lp_chunk(r, 2 * s)], lo);
+      lp_st16(&t.w[lp_chunk(r, 2 * s + 1)], hi);
+      t.wsc[r * 4 + s] = d[i];
+      if (MINF) t.wmn[r * 4 + s] = -m[i];  // value = d * q + m
+    }
+  }
+};
+template <> struct LpWRaw<LP_Q4_0> : LpWRaw32<LP_Q4_0> {};
+template <> struct LpWRaw<LP_Q4_1> : LpWRaw32<LP_Q4_1> {};
+template <> struct LpWRaw<LP_Q5_0> : LpWRaw32<LP_Q5_0> {};
+template <> struct LpWRaw<LP_Q5_1> : LpWRaw32<LP_Q5_1> {};
+
+template <> struct LpWRaw<LP_Q8_0> {
+  lp_words4 qs[4];
+  float d[2];
+  __device__ __forceinline__ void load(const LpWPlanes<LP_Q8_0>& p, int row, int kt, int u, int nb, bool ok) {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int b = kt * 4 + 2 * u + i;
+      const bool v = ok && b < nb;
+      const size_t blk = (size_t)row * nb + b;
+      d[i] = v ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
+      qs[2 * i] = v ? lp_ld16(p.f[1] + blk * 32) : lp_zero16();
+      qs[2 * i + 1] = v ? lp_ld16(p.f[1] + blk * 32 + 16) : lp_zero16();
+    }
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int r, int u) const {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = 2 * u + i;
+      lp_st16(&t.w[lp_chunk(r, 2 * s)], qs[2 * i]);
+      lp_st16(&t.w[lp_chunk(r, 2 * s + 1)], qs[2 * i + 1]);
+      t.wsc[r * 4 + s] = d[i];
+    }
+  }
+};
+
+// Q4_K, Q5_K: the k-tile is half hh of a super-block; unit u is qs run r = 2hh + u (32 bytes): low
+// nibbles are sub-block 2r, high nibbles 2r + 1 (tile sub-blocks 2u, 2u + 1). Q5_K: bit j of qh byte b
+// is bit 4 of value 32j + b.
+template <int F> struct LpWRawK45 {
+  static constexpr bool HI = F == LP_Q5_K;
+  lp_words4 qs[2], qh[2];
+  unsigned sc0, sc1, sc2;
+  float d, dmin;
+  int r;
+  __device__ __forceinline__ void load(const LpWPlanes<F>& p, int row, int kt, int u, int nb, bool ok) {
+    const size_t blk = (size_t)row * nb + (kt >> 1);
+    r = 2 * (kt & 1) + u;
+    d = ok ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
+    dmin = ok ? lp_h2f(((const lp_half*)p.f[1])[blk]) : 0.0f;
+    const unsigned* scp = (const unsigned*)(p.f[2] + blk * 12);
+    sc0 = ok ? scp[0] : 0u;
+    sc1 = ok ? scp[1] : 0u;
+    sc2 = ok ? scp[2] : 0u;
+    const uint8_t* q = p.f[HI ? 4 : 3] + blk * 128 + 32 * r;
+    qs[0] = ok ? lp_ld16(q) : lp_zero16();
+    qs[1] = ok ? lp_ld16(q + 16) : lp_zero16();
+    if (HI) {
+      qh[0] = ok ? lp_ld16(p.f[3] + blk * 32) : lp_zero16();
+      qh[1] = ok ? lp_ld16(p.f[3] + blk * 32 + 16) : lp_zero16();
+    }
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
+    #pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int j = 2 * r + half, s = 2 * u + half;
+      #pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        lp_words4 v;
+        #pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          unsigned x = (qs[c].w[w] >> (4 * half)) & 0x0F0F0F0Fu;
+          if (HI) x |= ((qh[c].w[w] >> j) & 0x01010101u) << 4;
+          v.w[w] = x;
+        }
+        lp_st16(&t.w[lp_chunk(row, 2 * s + c)], v);
+      }
+      // models/formats.py k_scale_min: six-bit scales and mins of sub-block j
+      unsigned scv, mnv;
+      if (j < 4) {
+        scv = lp_byte(sc0, sc1, sc2, j) & 63u;
+        mnv = lp_byte(sc0, sc1, sc2, j + 4) & 63u;
+      } else {
+        scv = (lp_byte(sc0, sc1, sc2, j + 4) & 15u) | ((lp_byte(sc0, sc1, sc2, j - 4) >> 6) << 4);
+        mnv = (lp_byte(sc0, sc1, sc2, j + 4) >> 4) | ((lp_byte(sc0, sc1, sc2, j) >> 6) << 4);
+      }
+      t.wsc[row * 4 + s] = d * (float)scv;
+      t.wmn[row * 4 + s] = dmin * (float)mnv;
+    }
+  }
+};
+template <> struct LpWRaw<LP_Q4_K> : LpWRawK45<LP_Q4_K> {};
+template <> struct LpWRaw<LP_Q5_K> : LpWRawK45<LP_Q5_K> {};
+
+// Q6_K: local value 32f + b (f = 0..3) of half hh is nibble (f >> 1) of ql[64hh + 32(f & 1) + b] with
+// bits 2f, 2f + 1 of qh[32hh + b] above it, minus 32. Unit u takes bytes b in [16u, 16u + 16), i.e. the
+// four 16-value sub-blocks 2f + u of the tile.
+template <> struct LpWRaw<LP_Q6_K> {
+  lp_words4 a, b, h;
+  unsigned sc0, sc1;
+  float d;
+  __device__ __forceinline__ void load(const LpWPlanes<LP_Q6_K>& p, int row, int kt, int u, int nb, bool ok) {
+    const size_t blk = (size_t)row * nb + (kt >> 1);
+    const int hh = kt & 1;
+    d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
+    a = ok ? lp_ld16(p.f[0] + blk * 128 + 64 * hh + 16 * u) : lp_zero16();
+    b = ok ? lp_ld16(p.f[0] + blk * 128 + 64 * hh + 32 + 16 * u) : lp_zero16();
+    h = ok ? lp_ld16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
+    sc0 = ok ? ((const unsigned*)(p.f[2] + blk * 16 + 8 * hh))[0] : 0u;
+    sc1 = ok ? ((const unsigned*)(p.f[2] + blk * 16 + 8 * hh))[1] : 0u;
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
+    #pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      const lp_words4& src = (f & 1) ? b : a;
+      lp_words4 v;
+      #pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const unsigned nib = (src.w[w] >> (4 * (f >> 1))) & 0x0F0F0F0Fu;
+        const unsigned hi = ((h.w[w] >> (2 * f)) & 0x03030303u) << 4;
+        v.w[w] = lp_sub_bytes(nib | hi, 32u);
+      }
+      const int s = 2 * f + u;
+      lp_st16(&t.w[lp_chunk(row, s)], v);
+      t.wsc[row * 8 + s] = d * (float)(int8_t)lp_byte(sc0, sc1, 0u, s);
+    }
+  }
+};
+
+// Q3_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b], minus 4 where bit 4hh + f
+// of hmask[b] is clear. Unit u takes bytes b in [16u, 16u + 16): sub-blocks 2f + u of the tile.
+template <> struct LpWRaw<LP_Q3_K> {
+  lp_words4 q, hm;
+  unsigned sc0, sc1, sc2;
+  float d;
+  int hh;
+  __device__ __forceinline__ void load(const LpWPlanes<LP_Q3_K>& p, int row, int kt, int u, int nb, bool ok) {
+    const size_t blk = (size_t)row * nb + (kt >> 1);
+    hh = kt & 1;
+    d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
+    q = ok ? lp_ld16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
+    hm = ok ? lp_ld16(p.f[0] + blk * 32 + 16 * u) : lp_zero16();
+    const unsigned* scp = (const unsigned*)(p.f[2] + blk * 12);
+    sc0 = ok ? scp[0] : 0u;
+    sc1 = ok ? scp[1] : 0u;
+    sc2 = ok ? scp[2] : 0u;
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
+    #pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      lp_words4 v;
+      #pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const unsigned low = (q.w[w] >> (2 * f)) & 0x03030303u;
+        const unsigned hb = (hm.w[w] >> (4 * hh + f)) & 0x01010101u;
+        v.w[w] = lp_sub_bytes(low | (hb << 2), 4u);
+      }
+      const int s = 2 * f + u;
+      lp_st16(&t.w[lp_chunk(row, s)], v);
+      // models/formats.py q3k_scales: sixteen 6-bit scales, stored + 32
+      const int i = 8 * hh + s;
+      const unsigned lo = i < 8 ? (lp_byte(sc0, sc1, sc2, i) & 15u) : (lp_byte(sc0, sc1, sc2, i - 8) >> 4);
+      const unsigned hi = (lp_byte(sc0, sc1, sc2, 8 + (i & 3)) >> (2 * (i >> 2))) & 3u;
+      t.wsc[row * 8 + s] = d * (float)((int)(lo | (hi << 4)) - 32);
+    }
+  }
+};
+
+// Q2_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b]; sub-block scale byte
+// 8hh + 2f + u: low nibble scale, high nibble min. Unit u takes bytes b in [16u, 16u + 16).
+template <> struct LpWRaw<LP_Q2_K> {
+  lp_words4 q;
+  unsigned sc0, sc1;
+  float d, dmin;
+  __device__ __forceinline__ void load(const LpWPlanes<LP_Q2_K>& p, int row, int kt, int u, int nb, bool ok) {
+    const size_t blk = (size_t)row * nb + (kt >> 1);
+    const int hh = kt & 1;
+    d = ok ? lp_h2f(((const lp_half*)p.f[2])[blk]) : 0.0f;
+    dmin = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
+    q = ok ? lp_ld16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
+    sc0 = ok ? ((const unsigned*)(p.f[0] + blk * 16 + 8 * hh))[0] : 0u;
+    sc1 = ok ? ((const unsigned*)(p.f[0] + blk * 16 + 8 * hh))[1] : 0u;
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
+    #pragma unroll
+    for (int f = 0; f < 4; ++f) {
+      lp_words4 v;
+      #pragma unroll
+      for (int w = 0; w < 4; ++w) v.w[w] = (q.w[w] >> (2 * f)) & 0x03030303u;
+      const int s = 2 * f + u;
+      lp_st16(&t.w[lp_chunk(row, s)], v);
+      const unsigned scb = lp_byte(sc0, sc1, 0u, s);
+      t.wsc[row * 8 + s] = d * (float)(scb & 15u);
+      t.wmn[row * 8 + s] = dmin * (float)(scb >> 4);
+    }
+  }
+};
+
+// F16: the k-tile is 64 values; unit u is values 32u .. 32u + 31 (four chunks). nb is k here.
+template <> struct LpWRaw<LP_F16> {
+  lp_words4 v[4];
+  __device__ __forceinline__ void load(const LpWPlanes<LP_F16>& p, int row, int kt, int u, int nb, bool ok) {
+    const uint8_t* base = p.f[0] + ((size_t)row * nb + kt * 64 + 32 * u) * 2;
+    #pragma unroll
+    for (int c = 0; c < 4; ++c) v[c] = ok && kt * 64 + 32 * u + 8 * c < nb ? lp_ld16(base + 16 * c) : lp_zero16();
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
+    #pragma unroll
+    for (int c = 0; c < 4; ++c) lp_st16(&t.w[lp_chunk(row, 4 * u + c)], v[c]);
+  }
+};
+
+// ---- activation tile loader --------------------------------------------------------------------
+// A unit is one activation row x 32 bytes of the k-tile (q = 0..3): chunks 2q, 2q + 1.
+struct LpXSrc {
+  const int8_t* qs;     // int8 planes, or the f16 rows
+  const void* d;
+  const int16_t* bsums;
+};
+
+template <int ACT, int SB, int XS> struct LpXRaw {
+  lp_words4 v[2];
+  float d;
+  int bs;  // q8_k: two 16-value sums (int16 pair)
+  __device__ __forceinline__ void load(const LpXSrc& x, int n, int kt, int q, int rows, int k) {
+    const bool ok = n < rows;
+    if (ACT == 3) {
+      const int kk = kt * 64 + 16 * q;
+      const uint8_t* p = (const uint8_t*)x.qs + ((size_t)n * k + kk) * 2;
+      v[0] = ok && kk < k ? lp_ld16(p) : lp_zero16();
+      v[1] = ok && kk + 8 < k ? lp_ld16(p + 16) : lp_zero16();
+    } else if (ACT == 2) {
+      const size_t sb = (size_t)n * (k / 256) + (kt >> 1);
+      const int8_t* p = x.qs + (size_t)n * k + kt * 128 + 32 * q;
+      v[0] = ok ? lp_ld16(p) : lp_zero16();
+      v[1] = ok ? lp_ld16(p + 16) : lp_zero16();
+      d = ok ? ((const float*)x.d)[sb] : 0.0f;
+      bs = XS && ok ? ((const int*)x.bsums)[(sb * 16 + 8 * (kt & 1) + 2 * q) >> 1] : 0;
+    } else {
+      const int nb = k / 32, b = kt * 4 + q;
+      const bool v_ok = ok && b < nb;
+      const int8_t* p = x.qs + (size_t)n * k + (size_t)b * 32;
+      v[0] = v_ok ? lp_ld16(p) : lp_zero16();
+      v[1] = v_ok ? lp_ld16(p + 16) : lp_zero16();
+      d = v_ok ? lp_h2f(((const lp_half*)x.d)[(size_t)n * nb + b]) : 0.0f;
+    }
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int r, int q) const {
+    lp_st16(&t.x[lp_chunk(r, 2 * q)], v[0]);
+    lp_st16(&t.x[lp_chunk(r, 2 * q + 1)], v[1]);
+    if (ACT == 2) {
+      if (q == 0) t.xd[r] = d;
+      if (XS) {
+        const int lo = (int)(short)(bs & 0xFFFF), hi = bs >> 16;
+        if (SB == 32) {
+          t.xs[r * 4 + q] = d * (float)(lo + hi);
+        } else {
+          t.xs[r * 8 + 2 * q] = d * (float)lo;
+          t.xs[r * 8 + 2 * q + 1] = d * (float)hi;
+        }
+      }
+    } else if (ACT != 3) {
+      t.xd[r * 4 + q] = d;
+      if (XS) {  // the block's exact sum of qs
+        int sum = 0;
+        #pragma unroll
+        for (int w = 0; w < 4; ++w) sum = lp_dot4((int)v[0].w[w], 0x01010101, lp_dot4((int)v[1].w[w], 0x01010101, sum));
+        t.xs[r * 4 + q] = d * (float)sum;
+      }
+    }
+  }
+};
+
+// ---- members: configuration --------------------------------------------------------------------
+template <int TR, int TW, int KIND> struct LpGemmCfg {
+  static constexpr int THREADS = 2 * TW;
+  static constexpr int WAVES = THREADS / 32;
+#if defined(LP_WMMA)
+  static constexpr int WR = TR == 128 && TW == 128 ? 4 : 2;  // waves along rows
+  static constexpr int FN = 16;                              // fragment width along weights
+  static constexpr int EL = 8;                               // accumulators per lane per fragment
+#else
+  static constexpr int WR = 2;
+  static constexpr int FN = 8;
+  static constexpr int EL = 4;
+#endif
+  static constexpr int WW = WAVES / WR;
+  static constexpr int WTR = TR / WR, WTW = TW / WW;  // a wave's tile
+  static constexpr int MF = WTR / 16, NF = WTW / FN;   // its fragments
+  // dot4 micro-tiles: thread (tid % 16, tid / 16) owns weights tid % 16 + 16j, rows tid / 16 + RG * i
+  static constexpr int RG = THREADS / 16;
+  static constexpr int DI = TR / RG, DJ = TW / 16;
+  static constexpr int ACC = KIND == 0 ? MF * NF * EL : DI * DJ;
+};
+
+struct LpGemmArgs {
+  const void* x;
+  int rows, k;
+  const void* w[3];
+  int n[3];
+  float* out[3];
+  const float* r;
+  float* ws;
+  int splits, ntot;
+};
+
+template <int SPLIT, int RES>
+__device__ __forceinline__ void lp_gemm_put(const LpGemmArgs& a, int seg, int coff, int row, int col, float v) {
+  const int n = a.n[seg];
+  if (row >= a.rows || col >= n) return;
+  if (SPLIT) {
+    a.ws[((size_t)lp_bid_z() * a.rows + row) * a.ntot + coff + col] = v;
+  } else {
+    const size_t o = (size_t)row * n + col;
+    a.out[seg][o] = RES ? a.r[o] + v : v;
+  }
+}
+
+__device__ __forceinline__ int lp_tile_word(const lp_words4* tile, int row, int word) {
+  return (int)tile[lp_chunk(row, word >> 2)].w[word & 3];
+}
+
+// ---- compute: matrix cores ---------------------------------------------------------------------
+template <class C, int F>
+__device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C::ACC]) {
+  typedef LpW<F> T;
+  constexpr int NSB = T::ACT == 3 ? 0 : 128 / T::SB;
+  const int wave = lp_wave();
+  const int rb = (wave % C::WR) * C::WTR, wb = (wave / C::WR) * C::WTW;
+#if defined(LP_MMA)
+  const int g = lp_lane() >> 2, tq = lp_lane() & 3;
+  if constexpr (T::ACT == 3) {
+    #pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      int a[C::MF][4], b[C::NF][2];
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi) {
+        const int r0 = rb + mi * 16 + g;
+        a[mi][0] = lp_tile_word(t.x, r0, 8 * s + tq);
+        a[mi][1] = lp_tile_word(t.x, r0 + 8, 8 * s + tq);
+        a[mi][2] = lp_tile_word(t.x, r0, 8 * s + 4 + tq);
+        a[mi][3] = lp_tile_word(t.x, r0 + 8, 8 * s + 4 + tq);
+      }
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) {
+        const int c0 = wb + ni * 8 + g;
+        b[ni][0] = lp_tile_word(t.w, c0, 8 * s + tq);
+        b[ni][1] = lp_tile_word(t.w, c0, 8 * s + 4 + tq);
+      }
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi)
+        #pragma unroll
+        for (int ni = 0; ni < C::NF; ++ni) {
+          float* d = &acc[(mi * C::NF + ni) * 4];
+          float dv[4] = {d[0], d[1], d[2], d[3]};
+          lp_mma_f16_k16(dv, a[mi], b[ni]);
+          d[0] = dv[0]; d[1] = dv[1]; d[2] = dv[2]; d[3] = dv[3];
+        }
+    }
+  } else {
+    const int magic[4] = {LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC};
+    float dx[C::MF][2];
+    if (T::ACT == 2) {  // one activation scale per row for the whole k-tile
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) dx[mi][h] = t.xd[rb + mi * 16 + g + 8 * h];
+    }
+    #pragma unroll 1
+    for (int s = 0; s < NSB; ++s) {
+      // this sub-block's scales first, then each fragment's integer tile is scaled as soon as it is made
+      float sw[C::NF][2], wm[C::NF][2], xs[C::MF][2];
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni)
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int col = wb + ni * 8 + 2 * tq + j;
+          sw[ni][j] = t.wsc[col * NSB + s];
+          if (T::MIN) wm[ni][j] = t.wmn[col * NSB + s];
+        }
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = rb + mi * 16 + g + 8 * h;
+          if (T::ACT != 2) dx[mi][h] = t.xd[row * 4 + s];
+          if (T::MIN) xs[mi][h] = t.xs[row * NSB + s];
+        }
+      constexpr int AW = T::SB == 32 ? 4 : 2, BW = T::SB == 32 ? 2 : 1;  // words per fragment
+      int a[C::MF][AW], b[C::NF][BW];
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi) {
+        const int r0 = rb + mi * 16 + g;
+        if constexpr (T::SB == 32) {
+          a[mi][0] = lp_tile_word(t.x, r0, 8 * s + tq);
+          a[mi][1] = lp_tile_word(t.x, r0 + 8, 8 * s + tq);
+          a[mi][2] = lp_tile_word(t.x, r0, 8 * s + 4 + tq);
+          a[mi][3] = lp_tile_word(t.x, r0 + 8, 8 * s + 4 + tq);
+        } else {
+          a[mi][0] = lp_tile_word(t.x, r0, 4 * s + tq);
+          a[mi][1] = lp_tile_word(t.x, r0 + 8, 4 * s + tq);
+        }
+      }
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) {
+        const int c0 = wb + ni * 8 + g;
+        if constexpr (T::SB == 32) {
+          b[ni][0] = lp_tile_word(t.w, c0, 8 * s + tq);
+          b[ni][1] = lp_tile_word(t.w, c0, 8 * s + 4 + tq);
+        } else {
+          b[ni][0] = lp_tile_word(t.w, c0, 4 * s + tq);
+        }
+      }
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi)
+        #pragma unroll
+        for (int ni = 0; ni < C::NF; ++ni) {
+          int c[4];
+          if constexpr (T::SB == 32) lp_mma_i8_k32(c, a[mi], b[ni], magic);
+          else lp_mma_i8_k16(c, a[mi], b[ni][0], magic);
+          #pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float& v = acc[(mi * C::NF + ni) * 4 + e];
+            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[mi][e >> 1] * sw[ni][e & 1], v);
+            if (T::MIN) v = __builtin_fmaf(-xs[mi][e >> 1], wm[ni][e & 1], v);
+          }
+        }
+    }
+  }
+#elif defined(LP_WMMA)
+  const int li = lp_lane() & 15, hi = lp_lane() >> 4;
+  if constexpr (T::ACT == 3) {
+    #pragma unroll 1
+    for (int s = 0; s < 4; ++s) {
+      lp_v16h a[C::MF], b[C::NF];
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi) {
+        const int row = rb + mi * 16 + li;
+        const lp_words4 lo = t.x[lp_chunk(row, 2 * s)], up = t.x[lp_chunk(row, 2 * s + 1)];
+        lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
+                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
+        a[mi] = __builtin_bit_cast(lp_v16h, v);
+      }
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) {
+        const int col = wb + ni * 16 + li;
+        const lp_words4 lo = t.w[lp_chunk(col, 2 * s)], up = t.w[lp_chunk(col, 2 * s + 1)];
+        lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
+                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
+        b[ni] = __builtin_bit_cast(lp_v16h, v);
+      }
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi)
+        #pragma unroll
+        for (int ni = 0; ni < C::NF; ++ni) {
+          float* d = &acc[(mi * C::NF + ni) * 8];
+          lp_v8f cv = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
+          cv = lp_wmma_f16(a[mi], b[ni], cv);
+          #pragma unroll
+          for (int e = 0; e < 8; ++e) d[e] = cv[e];
+        }
+    }
+  } else {
+    const lp_v8i magic = {LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC,
+                          LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC};
+    #pragma unroll 1
+    for (int s = 0; s < NSB; ++s) {
+      float sw[C::NF], wm[C::NF];
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) {
+        const int col = wb + ni * 16 + li;
+        sw[ni] = t.wsc[col * NSB + s];
+        if (T::MIN) wm[ni] = t.wmn[col * NSB + s];
+      }
+      constexpr int HALVES = T::SB / 16;  // 16-value k-steps per sub-block
+      lp_v4i a[C::MF][HALVES], b[C::NF][HALVES];
+      #pragma unroll
+      for (int k16 = 0; k16 < HALVES; ++k16) {
+        const int ch = s * HALVES + k16;
+        #pragma unroll
+        for (int mi = 0; mi < C::MF; ++mi) {
+          const lp_words4 v = t.x[lp_chunk(rb + mi * 16 + li, ch)];
+          a[mi][k16] = lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
+        }
+        #pragma unroll
+        for (int ni = 0; ni < C::NF; ++ni) {
+          const lp_words4 v = t.w[lp_chunk(wb + ni * 16 + li, ch)];
+          b[ni][k16] = lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
+        }
+      }
+      #pragma unroll
+      for (int mi = 0; mi < C::MF; ++mi) {
+        // this fragment row's activation scales (lane rows 2e + hi)
+        float dx[8], xs[8];
+        #pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int row = rb + mi * 16 + 2 * e + hi;
+          dx[e] = T::ACT == 2 ? t.xd[row] : t.xd[row * 4 + s];
+          xs[e] = T::MIN ? t.xs[row * NSB + s] : 0.0f;
+        }
+        #pragma unroll
+        for (int ni = 0; ni < C::NF; ++ni) {
+          lp_v8i c = lp_wmma_i8(a[mi][0], b[ni][0], magic);
+          #pragma unroll
+          for (int k16 = 1; k16 < HALVES; ++k16) c = lp_wmma_i8(a[mi][k16], b[ni][k16], c);
+          #pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            float& v = acc[(mi * C::NF + ni) * 8 + e];
+            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[e] * sw[ni], v);
+            if (T::MIN) v = __builtin_fmaf(-xs[e], wm[ni], v);
+          }
+        }
+        // one row of fragments at a time: the scheduler would otherwise form every fragment's scale
+        // products up front (VGPR pressure on gfx11)
+        __builtin_amdgcn_sched_barrier(0);
+      }
+    }
+  }
+#else
+  (void)t; (void)acc; (void)rb; (void)wb;
+  __builtin_trap();  // no matrix cores here: the family declares itself unsupported (codegen/targets.py)
+#endif
+}
+
+template <class C, int SPLIT, int RES>
+__device__ __forceinline__ void lp_gemm_mma_store(const LpGemmArgs& a, int seg, int coff, int r0, int w0,
+                                                  const float (&acc)[C::ACC]) {
+#if defined(LP_MMA) || defined(LP_WMMA)
+  const int wave = lp_wave();
+  const int rb = r0 + (wave % C::WR) * C::WTR, wb = w0 + (wave / C::WR) * C::WTW;
+  #pragma unroll
+  for (int mi = 0; mi < C::MF; ++mi)
+    #pragma unroll
+    for (int ni = 0; ni < C::NF; ++ni)
+      #pragma unroll
+      for (int e = 0; e < C::EL; ++e)
+        lp_gemm_put<SPLIT, RES>(a, seg, coff, rb + mi * 16 + lp_frag_row(e), wb + ni * C::FN + lp_frag_col(e),
+                                acc[(mi * C::NF + ni) * C::EL + e]);
+#else
+  (void)a; (void)seg; (void)coff; (void)r0; (void)w0; (void)acc;
+#endif
+}
+
+// ---- compute: dot-product micro-tiles ----------------------------------------------------------
+template <class C, int F>
+__device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C::ACC]) {
+  typedef LpW<F> T;
+  const int tw = lp_tid() % 16, tr = lp_tid() / 16;
+  if constexpr (T::ACT == 3) {
+    #pragma unroll 1
+    for (int ch = 0; ch < 8; ++ch) {
+      lp_words4 b[C::DJ];
+      #pragma unroll
+      for (int j = 0; j < C::DJ; ++j) b[j] = t.w[lp_chunk(tw + 16 * j, ch)];
+      #pragma unroll
+      for (int i = 0; i < C::DI; ++i) {
+        const lp_words4 av = t.x[lp_chunk(tr + C::RG * i, ch)];
+        #pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          float a0, a1;
+          lp_h2f2(av.w[w], a0, a1);
+          #pragma unroll
+          for (int j = 0; j < C::DJ; ++j) {
+            float b0, b1;
+            lp_h2f2(b[j].w[w], b0, b1);
+            float& v = acc[i * C::DJ + j];
+            v = __builtin_fmaf(a1, b1, __builtin_fmaf(a0, b0, v));
+          }
+        }
+      }
+    }
+  } else {
+    constexpr int NSB = 128 / T::SB, CH = T::SB / 16;
+    #pragma unroll 1
+    for (int s = 0; s < NSB; ++s) {
+      int isum[C::DI][C::DJ];
+      #pragma unroll
+      for (int i = 0; i < C::DI; ++i)
+        #pragma unroll
+        for (int j = 0; j < C::DJ; ++j) isum[i][j] = LP_I2F_MAGIC;
+      #pragma unroll
+      for (int c = 0; c < CH; ++c) {
+        lp_words4 b[C::DJ];
+        #pragma unroll
+        for (int j = 0; j < C::DJ; ++j) b[j] = t.w[lp_chunk(tw + 16 * j, s * CH + c)];
+        #pragma unroll
+        for (int i = 0; i < C::DI; ++i) {
+          const lp_words4 av = t.x[lp_chunk(tr + C::RG * i, s * CH + c)];
+          #pragma unroll
+          for (int j = 0; j < C::DJ; ++j)
+            #pragma unroll
+            for (int w = 0; w < 4; ++w) isum[i][j] = lp_dot4((int)av.w[w], (int)b[j].w[w], isum[i][j]);
+        }
+      }
+      float sw[C::DJ], wm[C::DJ];
+      #pragma unroll
+      for (int j = 0; j < C::DJ; ++j) {
+        sw[j] = t.wsc[(tw + 16 * j) * NSB + s];
+        wm[j] = T::MIN ? t.wmn[(tw + 16 * j) * NSB + s] : 0.0f;
+      }
+      #pragma unroll
+      for (int i = 0; i < C::DI; ++i) {
+        const int row = tr + C::RG * i;
+        const float dx = T::ACT == 2 ? t.xd[row] : t.xd[row * 4 + s];
+        const float xs = T::MIN ? t.xs[row * NSB + s] : 0.0f;
+        #pragma unroll
+        for (int j = 0; j < C::DJ; ++j) {
+          float& v = acc[i * C::DJ + j];
+          v = __builtin_fmaf(lp_magic_to_float(isum[i][j]), dx * sw[j], v);
+          if (T::MIN) v = __builtin_fmaf(-xs, wm[j], v);
+        }
+      }
+    }
+  }
+}
+
+template <class C, int SPLIT, int RES>
+__device__ __forceinline__ void lp_gemm_dot_store(const LpGemmArgs& a, int seg, int coff, int r0, int w0,
+                                                  const float (&acc)[C::ACC]) {
+  const int tw = lp_tid() % 16, tr = lp_tid() / 16;
+  #pragma unroll
+  for (int i = 0; i < C::DI; ++i)
+    #pragma unroll
+    for (int j = 0; j < C::DJ; ++j)
+      lp_gemm_put<SPLIT, RES>(a, seg, coff, r0 + tr + C::RG * i, w0 + tw + 16 * j, acc[i * C::DJ + j]);
+}
+
+// ---- one segment's tile ------------------------------------------------------------------------
+template <int TR, int TW, int KIND, int F, int SPLIT, int RES>
+__device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int tile, int coff, char* smem) {
+  typedef LpW<F> T;
+  typedef LpGemmCfg<TR, TW, KIND> C;
+  typedef LpGemmSmem<TR, TW, F> L;
+  const int n = a.n[seg], k = a.k;
+  const int w0 = tile * TW, r0 = lp_bid_y() * TR;
+  const int nkt = T::ACT == 3 ? (k + 63) / 64 : (k + 127) / 128;
+  const int per = (nkt + a.splits - 1) / a.splits;
+  const int kt0 = SPLIT ? lp_min(nkt, (int)lp_bid_z() * per) : 0;
+  const int kt1 = SPLIT ? lp_min(nkt, kt0 + per) : nkt;
+
+  LpTile t;
+  t.w = (lp_words4*)(smem + L::W);
+  t.x = (lp_words4*)(smem + L::X);
+  t.wsc = (float*)(smem + L::WSC);
+  t.wmn = (float*)(smem + L::WMN);
+  t.xd = (float*)(smem + L::XD);
+  t.xs = (float*)(smem + L::XS);
+
+  const LpWPlanes<F> wp = lp_weight_planes<F>(a.w[seg], n, k);
+  const int nb = T::ACT == 3 ? k : k / T::QK;
+  LpXSrc xsrc;
+  if (T::ACT == 3) {
+    xsrc.qs = (const int8_t*)a.x;
+    xsrc.d = nullptr;
+    xsrc.bsums = nullptr;
+  } else {
+    const Q8Rows q = lp_q8_rows((void*)a.x, a.rows, k, T::ACT);
+    xsrc.qs = q.qs;
+    xsrc.d = q.d;
+    xsrc.bsums = q.bsums;
+  }
+  constexpr int XU = TR * 4 / C::THREADS;  // activation units per thread
+  const int tid = lp_tid();
+  const int wrow = tid >> 1, wu = tid & 1;
+
+  LpWRaw<F> wr;
+  LpXRaw<T::ACT, T::SB, T::MIN> xr[XU];
+  float acc[C::ACC];
+  #pragma unroll
+  for (int i = 0; i < C::ACC; ++i) acc[i] = 0.0f;
+
+  if (kt0 < kt1) {
+    wr.load(wp, w0 + wrow, kt0, wu, nb, w0 + wrow < n);
+    #pragma unroll
+    for (int i = 0; i < XU; ++i) {
+      const int id = tid + i * C::THREADS;
+      xr[i].load(xsrc, r0 + (id >> 2), kt0, id & 3, a.rows, k);
+    }
+  }
+  #pragma unroll 1
+  for (int kt = kt0; kt < kt1; ++kt) {
+    lp_sync();  // the previous tile is consumed
+    wr.store(t, wrow, wu);
+    #pragma unroll
+    for (int i = 0; i < XU; ++i) {
+      const int id = tid + i * C::THREADS;
+      xr[i].store(t, id >> 2, id & 3);
+    }
+    lp_sync();
+    if (kt + 1 < kt1) {  // the next tile's loads fly under this tile's math
+      wr.load(wp, w0 + wrow, kt + 1, wu, nb, w0 + wrow < n);
+      #pragma unroll
+      for (int i = 0; i < XU; ++i) {
+        const int id = tid + i * C::THREADS;
+        xr[i].load(xsrc, r0 + (id >> 2), kt + 1, id & 3, a.rows, k);
+      }
+    }
+    if constexpr (KIND == 0) lp_gemm_mma_tile<C, F>(t, acc);
+    else lp_gemm_dot_tile<C, F>(t, acc);
+  }
+  if constexpr (KIND == 0) lp_gemm_mma_store<C, SPLIT, RES>(a, seg, coff, r0, w0, acc);
+  else lp_gemm_dot_store<C, SPLIT, RES>(a, seg, coff, r0, w0, acc);
+}
+
+template <int A, int B> struct LpMax {
+  static constexpr int V = A > B ? A : B;
+};
+
+// The kernel body: up to three segments (F0, F1, F2; NSEG used), RES: out = r + x.W^T, SPLIT: partial
+// tiles to the workspace (ws [splits, rows, n0 + n1 + n2]) for lp_gemm_fixup.
+template <int TR, int TW, int KIND, int F0, int F1, int F2, int NSEG, int RES, int SPLIT>
+__device__ __forceinline__ void lp_gemm(const void* x, int rows, int k, const void* w0, int n0, float* o0, const void* w1, int n1,
+                        float* o1, const void* w2, int n2, float* o2, const float* r, float* ws, int splits) {
+  constexpr int B1 = (NSEG > 1) ? LpGemmSmem<TR, TW, F1>::BYTES : 0;
+  constexpr int B2 = (NSEG > 2) ? LpGemmSmem<TR, TW, F2>::BYTES : 0;
+  constexpr int BYTES = LpMax<LpGemmSmem<TR, TW, F0>::BYTES, LpMax<B1, B2>::V>::V;
+  __shared__ char smem[BYTES] __attribute__((aligned(16)));
+  LpGemmArgs a;
+  a.x = x;
+  a.rows = rows;
+  a.k = k;
+  a.w[0] = w0; a.w[1] = w1; a.w[2] = w2;
+  a.n[0] = n0; a.n[1] = n1; a.n[2] = n2;
+  a.out[0] = o0; a.out[1] = o1; a.out[2] = o2;
+  a.r = r;
+  a.ws = ws;
+  a.splits = splits;
+  a.ntot = n0 + n1 + n2;
+  const int t0 = (n0 + TW - 1) / TW, t1 = (n1 + TW - 1) / TW;
+  const int bx = lp_bid();
+  if (bx < t0) {
+    lp_gemm_run<TR, TW, KIND, F0, SPLIT, RES>(a, 0, bx, 0, smem);
+  } else if constexpr (NSEG > 1) {
+    if (bx < t0 + t1) {
+      lp_gemm_run<TR, TW, KIND, F1, SPLIT, RES>(a, 1, bx - t0, n0, smem);
+    } else if constexpr (NSEG > 2) {
+      lp_gemm_run<TR, TW, KIND, F2, SPLIT, RES>(a, 2, bx - t0 - t1, n0 + n1, smem);
+    }
+  }
+}
+
+// Split-K fix-up: out_seg[row, c] = (r +) sum over splits of ws[split, row, c]. grid (ceil(ntot / 256), rows).
+template <int NSEG, int RES>
+__device__ __forceinline__ void lp_gemm_fixup(const float* ws, int splits, int rows, float* o0, int n0, float* o1, int n1, float* o2,
+                              int n2, const float* r) {
+  const int ntot = n0 + n1 + n2;
+  const int c = lp_bid() * lp_bdim() + lp_tid(), row = lp_bid_y();
+  if (c >= ntot) return;
+  float v = 0.0f;
+  for (int s = 0; s < splits; ++s) v += ws[((size_t)s * rows + row) * ntot + c];
+  float* out = o0;
+  int n = n0, col = c;
+  if (NSEG > 1 && c >= n0) {
+    out = o1; n = n1; col = c - n0;
+    if (NSEG > 2 && col >= n1) {
+      out = o2; n = n2; col -= n1;
+    }
+  }
+  const size_t o = (size_t)row * n + col;
+  out[o] = RES ? r[o] + v : v;
+}

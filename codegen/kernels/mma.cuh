@@ -1,0 +1,75 @@
+// mma.cuh: matrix-core fragments on top of vendor.h, one CUDA and one HIP implementation each.
+//
+// NVIDIA sm_80+ (LP_MMA): warp-wide mma.sync through inline PTX.
+//   lp_mma_i8_k32: m16n8k32 s8 x s8 -> s32      A 16x32 (4 regs), B 32x8 (2 regs), C/D 16x8 (4 regs)
+//   lp_mma_i8_k16: m16n8k16 s8 x s8 -> s32      A 16x16 (2 regs), B 16x8 (1 reg),  C/D 16x8 (4 regs)
+//   lp_mma_f16_k16: m16n8k16 f16 x f16 -> f32   A 16x16 (4 regs), B 16x8 (2 regs), C/D 16x8 (4 regs)
+//   With g = lane / 4 and t = lane % 4, and rows of A / columns of B held k-contiguous as 32-bit words
+//   (4 int8 or 2 f16 values each), a lane holds: A word t of rows g and g + 8 (a0, a1), word t + 4 of the
+//   same rows (a2, a3; k32 / f16 only); B word t (b0) and t + 4 (b1) of column g; C elements
+//   (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1). lp_frag_row / lp_frag_col say so in code.
+//
+// AMD RDNA3 gfx11 (LP_WMMA): wave32 WMMA builtins.
+//   lp_wmma_i8: 16x16x16 iu8 (signed) -> i32    A: lane l holds row l % 16, k 0..15 (16 bytes);
+//   lp_wmma_f16: 16x16x16 f16 -> f32            B: lane l holds column l % 16, k 0..15 (16 bytes / halves);
+//   lanes 16..31 repeat lanes 0..15 for A and B. C/D: 8 registers, element e of lane l is
+//   (row 2e + l / 16, column l % 16).
+//
+// Integer sums become floats through the magic-number trick: a sum that starts at LP_I2F_MAGIC
+// (the bits of 2^23 + 2^22) ends as the bits of the float 12582912 + I, exact while |I| < 2^22, so
+// lp_magic_to_float(d) = I with one float subtraction instead of an integer-to-float conversion
+// (a quarter-rate instruction on sm_86+). Every block sum the GEMM forms is below 32 * 128 * 128 = 2^19.
+#pragma once
+#include "vendor.h"
+
+#define LP_I2F_MAGIC 0x4B400000
+__device__ __forceinline__ float lp_as_float(int x) {
+#if defined(LP_HIP)
+  return __builtin_bit_cast(float, x);
+#else
+  return __int_as_float(x);
+#endif
+}
+__device__ __forceinline__ float lp_magic_to_float(int x) { return lp_as_float(x) - 12582912.0f; }
+
+#if defined(LP_MMA) && !defined(LP_EMULATED)  // (tests/prefill_emu.h emulates fragments on the CPU)
+// accumulator element e (0..3) of a 16x8 C fragment: row and column within the fragment
+__device__ __forceinline__ int lp_frag_row(int e) { return (lp_lane() >> 2) + ((e >> 1) << 3); }
+__device__ __forceinline__ int lp_frag_col(int e) { return ((lp_lane() & 3) << 1) + (e & 1); }
+
+__device__ __forceinline__ void lp_mma_i8_k32(int (&d)[4], const int (&a)[4], const int (&b)[2], const int (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%10,%11,%12,%13};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+
+__device__ __forceinline__ void lp_mma_i8_k16(int (&d)[4], const int (&a)[2], int b, const int (&c)[4]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%8,%9,%10};"
+      : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(b), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3]));
+}
+
+// d += a * b (f32 accumulators)
+__device__ __forceinline__ void lp_mma_f16_k16(float (&d)[4], const int (&a)[4], const int (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+#if defined(LP_WMMA) && !defined(LP_EMULATED)
+typedef int lp_v4i __attribute__((ext_vector_type(4)));
+typedef int lp_v8i __attribute__((ext_vector_type(8)));
+typedef float lp_v8f __attribute__((ext_vector_type(8)));
+typedef _Float16 lp_v16h __attribute__((ext_vector_type(16)));
+
+__device__ __forceinline__ int lp_frag_row(int e) { return 2 * e + (lp_lane() >> 4); }
+__device__ __forceinline__ int lp_frag_col(int e) { return lp_lane() & 15; }
+
+__device__ __forceinline__ lp_v8i lp_wmma_i8(lp_v4i a, lp_v4i b, lp_v8i c) {
+  return __builtin_amdgcn_wmma_i32_16x16x16_iu8_w32(true, a, true, b, c, false);
+}
+__device__ __forceinline__ lp_v8f lp_wmma_f16(lp_v16h a, lp_v16h b, lp_v8f c) {
+  return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c);
+}
+#endif
