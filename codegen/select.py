@@ -1,11 +1,11 @@
 """Kernels for a plan on a GPU target: which family module serves each lowered launch, every member
 it offers, all of them built, and a choice among the members that fit the device.
 
-A family may offer several members for one launch (tile shapes, variants: `members()`), or one
-(`launches()`). Every candidate is compiled, so the shape filter decides from the compiler's own
-manifests: a member is pruned, with the rule and the limit recorded, when it spills, asks more shared
-memory than a block may have, or cannot have one block resident (threads x registers over the register
-file). Among the survivors the family's order is the heuristic (fastest first on this target class);
+A family may offer several members for one launch (tile shapes, split counts, column counts: its
+`candidates()`), each turned into launches by its `launches()`. Candidates are compiled before they are
+judged, so the shape filter decides from the compiler's own manifests: a member is pruned, with the rule and the limit
+recorded, when it spills, asks more shared memory than a block may have, or cannot have one block
+resident (threads x registers over the register file). Among the survivors the family's order is the heuristic (fastest first on this target class);
 the tune store can override it later.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 from llmplan.plans.devices import DeviceFacts
 
-from .build import Build, BuildError, build, gate
+from .build import Build, BuildError, Manifest, build, gate
 from .kernel import Context, Launch
 from .targets import Target
 
@@ -39,19 +39,20 @@ MATVEC_MAX_ROWS = 8  # more activation rows than this go to the GEMM tiles
 
 
 def family_module(launch: dict[str, Any], ctx: Context):
-    name = FAMILY_MODULE[launch["op"]]
-    if name == "matvec":
-        rows = ctx.shape(launch["args"][0])[0]
-        if not (isinstance(rows, int) and rows <= MATVEC_MAX_ROWS):
-            name = "gemm"
+    name = FAMILY_MODULE.get(launch["op"])
+    if name is None:
+        raise BuildError(f"no GPU kernel family implements op {launch['op']!r} yet")
+    if name == "matvec" and ctx.bound(ctx.shape(launch["args"][0])[0]) > MATVEC_MAX_ROWS:
+        name = "gemm"
     return importlib.import_module(f"llmplan.codegen.families.{name}")
 
 
 def members(launch: dict[str, Any], ctx: Context) -> dict[str, list[Launch]]:
+    """Member name -> its launches, in the family's order of preference; one "default" member for a
+    family that offers no choice (no `candidates()`)."""
     mod = family_module(launch, ctx)
-    if hasattr(mod, "members"):
-        return mod.members(launch, ctx)
-    return {"default": mod.launches(launch, ctx)}
+    names = mod.candidates(launch, ctx) if hasattr(mod, "candidates") else [None]
+    return {name or "default": mod.launches({**launch, "member": name}, ctx) for name in names}
 
 
 @dataclass
@@ -62,10 +63,10 @@ class Choice:
     pruned: dict[str, str] = field(default_factory=dict)  # member -> why it does not fit
 
 
-def fits(launches: list[Launch], build_: Build, device: DeviceFacts) -> str | None:
+def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceFacts) -> str | None:
     """Why a member cannot run on the device, or None."""
     for ln in launches:
-        m = build_.manifests[ln.kernel.name]
+        m = manifests[ln.kernel.name]
         if m.spill_bytes:
             return f"{ln.kernel.name}: spills {m.spill_bytes} bytes ({m.registers} registers x {m.threads} threads)"
         shared = m.shared_bytes + ln.smem
@@ -78,27 +79,43 @@ def fits(launches: list[Launch], build_: Build, device: DeviceFacts) -> str | No
     return None
 
 
-def choose(candidates: dict[str, list[Launch]], build_: Build, device: DeviceFacts) -> Choice:
-    pruned = {}
-    for name, launches in candidates.items():
-        why = fits(launches, build_, device)
-        if why is None:
-            how = "the only member" if len(candidates) == 1 else "first member that fits, in the family's order"
-            return Choice(name, launches, f"heuristic: {how}", pruned)
-        pruned[name] = why
-    raise BuildError(f"no member of {next(iter(candidates.values()))[0].kernel.family} fits {device.arch}: "
-                     + "; ".join(f"{n}: {w}" for n, w in pruned.items()))
-
-
 def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], target: Target,
            device: DeviceFacts, use_cache: bool = True) -> tuple[Build, dict[str, list[Choice]]]:
-    """Build every candidate kernel of every launch for `target`, then choose a member per launch."""
-    per_phase: dict[str, list[dict[str, list[Launch]]]] = {}
+    """Choose a member per launch and build the chosen kernels for `target`.
+
+    Candidates are built in rounds, each launch's next member only after its previous one was pruned,
+    so a plan whose first choices all fit (the usual case) compiles each kernel it runs once and nothing
+    else; after a prune the chosen set is built again as the plan's one translation unit."""
+    todo: list[tuple[list[tuple[str, list[Launch]]], dict[str, str], list]] = []
+    chosen: dict[str, list[Choice | None]] = {}
     for phase, p in phases.items():
-        ctx = Context(p["buffers"], weights, target)
-        per_phase[phase] = [members(launch, ctx) for launch in p["launches"]]
-    kernels = [ln.kernel for cands in per_phase.values() for c in cands for launches in c.values() for ln in launches]
-    built = build(kernels, target, use_cache, gates=False)
-    chosen = {phase: [choose(c, built, device) for c in cands] for phase, cands in per_phase.items()}
-    gate([ln.kernel for cs in chosen.values() for c in cs for ln in c.launches], built.manifests, target)
+        ctx = Context(p["buffers"], weights, target, p["dims"], device.multiprocessors)
+        chosen[phase] = [None] * len(p["launches"])
+        for i, launch in enumerate(p["launches"]):
+            todo.append((list(members(launch, ctx).items()), {}, [phase, i]))
+    manifests: dict[str, Manifest] = {}
+    built = None
+    while todo:
+        kernels = [ln.kernel for cands, _, _ in todo for ln in cands[0][1]]
+        if any(k.name not in manifests for k in kernels):
+            built = build(kernels, target, use_cache, gates=False)
+            manifests |= built.manifests
+        left = []
+        for cands, pruned, (phase, i) in todo:
+            (name, launches), *rest = cands
+            why = fits(launches, manifests, device)
+            if why is None:
+                how = "the only member" if not rest and not pruned else "first member that fits, in the family's order"
+                chosen[phase][i] = Choice(name, launches, f"heuristic: {how}", pruned)
+                continue
+            pruned[name] = why
+            if not rest:
+                raise BuildError(f"no member of {launches[0].kernel.family} fits {device.arch}: "
+                                 + "; ".join(f"{n}: {w}" for n, w in pruned.items()))
+            left.append((rest, pruned, (phase, i)))
+        todo = left
+    final = [ln.kernel for cs in chosen.values() for c in cs for ln in c.launches]
+    if {k.name for k in final} != set(built.manifests):
+        built = build(final, target, use_cache, gates=False)
+    gate(final, built.manifests, target)
     return built, chosen

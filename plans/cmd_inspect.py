@@ -1,31 +1,32 @@
 """`plan inspect OUT.plan`: what a plan holds: header, kernels, launches per phase, arena, decisions,
-and which weights the CPU backend unpacks at load and why."""
+and how each weight is held at load and why; `--kernels` and `--source NAME` for the compiled kernels."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import re
+import sys
 from collections import Counter
 from typing import Any
+
+from llmplan.models.errors import InputError
 
 from .console import format_table, human_bytes, print_json
 from .planfile import read_body, read_header
 
-_RESIDENT_BYTES = {"f32": 4}
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="describe a plan file", description=__doc__)
     p.add_argument("plan", help="plan file")
+    p.add_argument("--kernels", action="store_true", help="the manifest of every compiled kernel (GPU plans)")
+    p.add_argument("--source", metavar="NAME", help="print the source of kernel NAME (GPU plans)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
 
 
 def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    unpacked: dict[str, int] = Counter()
-    for w in body["weights"].values():
-        if "matmul" in w["residency"] or "vector" in w["residency"]:
-            unpacked["f32"] += math.prod(w["shape"]) * 4
+    unpacked = sum(math.prod(w["shape"]) * 4 for w in body["weights"].values()
+                   if "gpu" not in body and ("matmul" in w["residency"] or "vector" in w["residency"]))
     phases = {}
     for name, p in body["phases"].items():
         phases[name] = {
@@ -36,12 +37,15 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
             "dims": p["dims"],
         }
     decisions = Counter(l["provenance"] for p in body["phases"].values() for l in p["launches"])
+    pruned = Counter(f"{m}: {why}" for p in body["phases"].values() for l in p["launches"]
+                     for m, why in l.get("pruned", {}).items())
     return {
         "format": header["format"], "llmplan": header["llmplan"], "device": header["device"],
         "toolchain": header["toolchain"], "model": header["model"], "limits": header["limits"],
-        "arena_bytes": body["arena_bytes"], "kernels": [f"{f}/{m}" for f, m in body["kernels"]],
-        "phases": phases, "decisions": dict(decisions),
-        "weights": {"count": len(body["weights"]), "unpacked_at_load_bytes": unpacked["f32"],
+        "arena_bytes": body["arena_bytes"],
+        "kernels": body["kernels"] if "gpu" in body else [f"{f}/{m}" for f, m in body["kernels"]],
+        "phases": phases, "decisions": dict(decisions), "pruned": dict(pruned),
+        "weights": {"count": len(body["weights"]), "unpacked_at_load_bytes": unpacked,
                     "residency": {k: sorted(n for n, w in body["weights"].items() if k in w["residency"])
                                   for k in body["residency_notes"]},
                     "why": body["residency_notes"]},
@@ -49,9 +53,47 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _kernel_source(source: str, name: str) -> str:
+    """The family source file a kernel instantiates (as inlined in the plan's translation unit, its
+    includes left out), then its entry point."""
+    entry = next((ln for ln in source.splitlines() if re.search(rf"\b{name}\(", ln) and "LP_KERNEL" in ln), None)
+    if entry is None:
+        raise InputError(f"no kernel named {name!r} in this plan (plan inspect --kernels lists them)")
+    files: dict[str, list[str]] = {}
+    for section in re.split(r"\n(?=// ---- \S+ ----\n)", source):
+        if m := re.match(r"// ---- (\S+) ----\n", section):
+            files.setdefault(m.group(1), []).append(section[m.end():])
+    called = re.search(r"\{\s*(\w+)", entry.split(")", 1)[1])
+    defines = re.compile(rf"^[^;\n]*\b(?:void|int|float)\s+{called.group(1) if called else '$^'}\s*\(", re.M)
+    own = [f"// ---- {f} ----\n" + "".join(parts) for f, parts in files.items()
+           if f != "entry-points" and any(defines.search(p) for p in parts)]
+    return "\n".join(own[:1] + ["// ---- entry point ----", entry]) + "\n"
+
+
+def _manifest_table(manifests: dict[str, dict[str, Any]]) -> str:
+    rows = [(n, m["threads"], m["registers"], m["spill_bytes"], m["shared_bytes"], m["stack_bytes"],
+             " ".join(f"{c}:{k}" for c, k in sorted(m["instructions"].items()) if k) or "-")
+            for n, m in sorted(manifests.items())]
+    return format_table(["kernel", "threads", "registers", "spills", "shared", "stack", "instructions"], rows)
+
+
 def run(args: argparse.Namespace) -> int:
     header, offset = read_header(args.plan)
-    s = summarize(header, read_body(args.plan, offset))
+    body = read_body(args.plan, offset)
+    gpu = body.get("gpu")
+    if (args.kernels or args.source) and gpu is None:
+        raise InputError(f"{args.plan} is a CPU plan: its kernels are the NumPy twins (runtime/cpu_kernels.py)")
+    if args.source:
+        sys.stdout.write(_kernel_source(gpu["source"], args.source))
+        return 0
+    if args.kernels:
+        if args.json:
+            print_json({"target": gpu["target"], "compiler": gpu["compiler"], "manifests": gpu["manifests"]})
+        else:
+            print(f"{len(gpu['manifests'])} kernels for {gpu['target']} ({gpu['compiler']})")
+            print(_manifest_table(gpu["manifests"]))
+        return 0
+    s = summarize(header, body)
     if args.json:
         print_json(s)
         return 0
@@ -68,8 +110,14 @@ def run(args: argparse.Namespace) -> int:
     print("  kernels  " + ", ".join(s["kernels"]))
     for why, n in s["decisions"].items():
         print(f"  decision {n} launches: {why}")
+    for why, n in s["pruned"].items():
+        print(f"  pruned   {n} launches: {why}")
     w = s["weights"]
-    print(f"  weights  {w['count']} tensors; the CPU backend unpacks {human_bytes(w['unpacked_at_load_bytes'])} at load")
+    if "gpu" in body:
+        print(f"  weights  {w['count']} tensors, by the layout their kernels read")
+    else:
+        print(f"  weights  {w['count']} tensors; the CPU backend unpacks {human_bytes(w['unpacked_at_load_bytes'])} "
+              f"at load")
     for how, names in w["residency"].items():
         if names:
             print(f"    {how}: {len(names)} tensors: {w['why'][how]}")

@@ -16,7 +16,7 @@ from llmplan.models.model import Model
 from llmplan.passes.manager import run_passes
 
 from .devices import DeviceFacts
-from .lower import lower
+from .lower import layout, lower
 from .planfile import model_fingerprint, write_plan
 
 DEFAULT_CTX = 4096
@@ -29,6 +29,13 @@ CPU_RESIDENCY = {
                       "in float32)"),
     "rows": ("mapped", "left quantized in the mapped file: only the rows of the step's tokens are dequantized"),
     "vector": ("f32", "norm weights and rope factors, float32 in the file already"),
+}
+
+# How GPU kernels read each weight (the launch argument's "layout"); the runtime lays them out at load.
+GPU_RESIDENCY = {
+    "planar": "field planes (models/formats.planes): each quantized field of all blocks of a row together, "
+              "so a lane's 16-byte load reads one field of consecutive blocks",
+    "plain": "as in the file: norm weights and rope factors",
 }
 
 
@@ -88,8 +95,8 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         dims["splits"] = max((-(-limits["ctx"] // n.attr["chunk"]) for n in fused.order
                               if n.op == "attention_partial"), default=1)
         phases[phase] = lower(fused, device, dims) | {"dims": dims}
-    arena = max(p["arena_bytes"] for p in phases.values())
     gpu = _gpu_kernels(phases, table, device, kernels) if device.backend != "cpu" else None
+    arena = max(p["arena_bytes"] for p in phases.values())
     residency = _residency(phases) if gpu is None else gpu.pop("residency")
     header = {
         "llmplan": "0.1.0",
@@ -106,7 +113,7 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "arena_bytes": arena,
         "weights": {name: {"format": fmt, "shape": list(shape), "residency": residency.get(name, {})}
                     for name, (fmt, shape) in table.items()},
-        "residency_notes": {k: v[1] for k, v in CPU_RESIDENCY.items()},
+        "residency_notes": {k: v[1] for k, v in CPU_RESIDENCY.items()} if gpu is None else GPU_RESIDENCY,
         "declines": declines,
         "kernels": sorted({(l["family"], l["member"]) for p in phases.values() for l in p["launches"]}),
     }
@@ -137,8 +144,9 @@ def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, 
             for ln in choice.launches:
                 for arg in ln.args:
                     if "weight" in arg:
-                        layout = arg.get("layout", "plain")
-                        residency.setdefault(arg["weight"], {})[layout] = layout
+                        how = arg.get("layout", "plain")
+                        residency.setdefault(arg["weight"], {})[how] = how
+        phases[phase] |= layout(phases[phase], phases[phase]["dims"])  # again, with the kernels' scratch
     used = {k["name"] for p in phases.values() for l in p["launches"] for k in l["kernels"]}
     return {"target": built.target, "compiler": built.compiler, "source": built.source, "binary": built.binary,
             "ptx": built.ptx, "seconds": built.seconds, "cached": built.cached,
