@@ -64,6 +64,11 @@ def clang() -> str:
                                  "AMD targets")
 
 
+def available(target) -> bool:
+    """Whether this machine has the compiler for a codegen/targets.py Target."""
+    return find("nvcc", _NVIDIA_DIRS) is not None if target.nvidia else find("clang++-19") is not None
+
+
 @functools.lru_cache(maxsize=None)
 def version(tool: str) -> str:
     """One line naming the compiler's version."""

@@ -73,6 +73,17 @@ def fixtures_dir() -> Path:
     return FIXTURES
 
 
+def require_compiler(target) -> None:
+    """Skip a test when the compiler for a codegen target is missing here; CI must have it (fail)."""
+    from llmplan.codegen import toolchain
+
+    if not toolchain.available(target):
+        why = f"no {'nvcc' if target.nvidia else 'clang++-19'} for {target.name} on this machine"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: CI must build every kernel (.ci/run installs the compilers)")
+        pytest.skip(why)
+
+
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI package into the user cache."""

@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM
-from llmplan.codegen import select, toolchain
+from conftest import TINY_BPE, TINY_SPM, require_compiler
+from llmplan.codegen import select
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.targets import TARGETS
 from llmplan.models.model import open_model
@@ -20,11 +20,6 @@ from llmplan.plans.compile import compile_model
 from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.plans.planfile import read_body, read_header
 from llmplan.runtime.cpu_kernels import KERNELS
-
-
-def _have(target: str) -> bool:
-    return toolchain.find("nvcc", toolchain._NVIDIA_DIRS) is not None if TARGETS[target].nvidia \
-        else toolchain.find("clang++-19") is not None
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +36,7 @@ def compiled(kernel_cache, tmp_path_factory):
     plans = {}
 
     def get(model, target):
-        if not _have(target):
-            pytest.skip(f"no compiler for {target} here")
+        require_compiler(TARGETS[target])
         if (model, target) not in plans:
             out = tmp_path_factory.mktemp("plans") / f"{model.stem}.{target}.plan"
             compile_model(open_model(model), OFFLINE_TARGETS[target], out, kernels=gpu_kernel_stage)
@@ -156,8 +150,7 @@ def test_scratch_buffers_alias_nothing_live(compiled):
 
 
 def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
-    if not _have("sm_90"):
-        pytest.skip("no nvcc here")
+    require_compiler(TARGETS["sm_90"])
     small = dataclasses.replace(OFFLINE_TARGETS["sm_90"], smem_per_block_optin=38 * 1024)
     compile_model(open_model(TINY_BPE), small, tmp_path / "t.plan", kernels=gpu_kernel_stage)
     header, offset = read_header(tmp_path / "t.plan")
