@@ -1,13 +1,25 @@
-// kernel_emu.h: runs llmplan's GPU kernels on the CPU, for tests on machines without a GPU.
+// kernel_emu.h: codegen/kernels/vendor.h for the host, to run llmplan's GPU kernels on the CPU in tests.
 //
-// It stands in for codegen/kernels/vendor.h (same names, same meaning): the kernel source is compiled
-// as host C++ by clang, and every lane of a block is a fiber (ucontext) on one OS thread. A lane runs
-// until it reaches a barrier (lp_sync for the block, or a shuffle, which exchanges values through a
-// per-lane slot between two wave barriers), so lanes advance in lock-step exactly where the GPU
-// needs them to. Blocks run one after another, so `__shared__` variables are plain statics.
-// A barrier that some lanes never reach (a shuffle or lp_sync in divergent code, or after some lanes
-// returned) is reported as an error instead of hanging. WAVE is 32 unless the build defines it (64
-// emulates CDNA).
+// tests/kernel_emu.py renders the kernels with this header in place of vendor.h (same names, same
+// meaning) and compiles them as host C++ with clang. Every lane of a block is a fiber (ucontext) on
+// the calling OS thread; blocks run one after another, so `__shared__` variables are plain statics. A
+// lane runs until it has to wait: at lp_sync() for the whole block; at a shuffle or a matrix fragment
+// for the 32 lanes around it (NVIDIA's warp, whose shuffles name all 32 lanes; on wave 64, the
+// half-wave: the kernels' 32-lane groups); at a shuffle also for its source lane to have posted the
+// value of the same shuffle (on wave 64 the source may be in the other half, which need not take part
+// otherwise: CDNA's bpermute reads any active lane). A lane's shuffles are counted from the block's
+// last lp_sync, and the n-th shuffle of a lane reads the n-th of its source. So lanes advance in
+// lock-step exactly where the GPU needs them to, and a barrier some lanes never reach (a shuffle or
+// lp_sync in divergent code, or after some lanes returned) is reported as an error instead of hanging.
+// Where the two halves of a wave of 64 took different numbers of shuffles, a later shuffle across the
+// halves would pair the wrong ones (the GPU pairs them by instruction): that is reported too, and the
+// halves must meet at lp_sync first.
+//
+// Build options: -DWAVE=64 emulates CDNA's wave (32 otherwise). -DLP_EMU_MMA (mma.sync, sm_80+) or
+// -DLP_EMU_WMMA (RDNA3 WMMA) emulates matrix-core fragments with the register layouts
+// codegen/kernels/mma.cuh documents, so a kernel's fragment indexing, scaling and epilogues are checked;
+// only the vendors' instructions themselves are not. The kernels' LP_HIP branches are the ones taken:
+// they need only clang builtins, which the host clang has too.
 #pragma once
 #include <stddef.h>
 #include <stdint.h>
@@ -17,11 +29,16 @@
 #include <ucontext.h>
 
 #include <functional>
+#include <memory>
 #include <vector>
 
 #define LP_EMU 1
+#define LP_HIP 1
 #ifndef WAVE
 #define WAVE 32
+#endif
+#if (defined(LP_EMU_MMA) || defined(LP_EMU_WMMA)) && WAVE != 32
+#error "matrix-core fragments are wave32"
 #endif
 #define __global__
 #define __device__
@@ -29,96 +46,138 @@
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+#define __builtin_amdgcn_sched_barrier(x) ((void)0)
 #define LP_KERNEL extern "C"
 
-struct LpEmuLane {
+namespace lp_emu {
+constexpr int GROUP = 32;             // lanes that meet at a shuffle or fragment
+constexpr int SLOTS = 16;             // words a lane posts for a fragment: an operand pair
+constexpr size_t STACK = 512 * 1024;  // per lane: the flash kernels keep large register tiles
+
+struct Post {
+  uint64_t bits;
+  int kind;  // the xor mask of lp_shfl_xor, -1 for lp_shfl: what the lanes meeting at a shuffle share
+};
+
+struct Lane {
   ucontext_t ctx;
   bool done = false;
-  const unsigned* wait_gen = nullptr;  // waiting until *wait_gen != wait_at
+  const unsigned* wait_gen = nullptr;  // at a barrier: waiting while *wait_gen == wait_at
   unsigned wait_at = 0;
+  int wait_src = -1;                   // at a shuffle: waiting until lane wait_src has posted wait_n values
+  size_t wait_n = 0;
+  std::vector<Post> posts;             // this lane's shuffles since the last lp_sync
+  uint64_t slots[SLOTS];               // this lane's registers of the current fragment operation
 };
 
-struct LpEmu {
-  int grid[3] = {1, 1, 1}, block = 0, bid[3] = {0, 0, 0};
-  int cur = 0;
-  std::vector<LpEmuLane> lanes;
-  std::vector<std::vector<char>> stacks;
+struct Block {
+  int bid[3] = {0, 0, 0}, threads = 0, cur = 0;
   ucontext_t main;
+  std::vector<Lane> lanes;
+  std::vector<std::unique_ptr<char[]>> stacks;
   int block_arrived = 0;
   unsigned block_gen = 0;
-  std::vector<int> wave_arrived;
-  std::vector<unsigned> wave_gen;
-  std::vector<uint64_t> slots;
+  std::vector<int> group_arrived;
+  std::vector<unsigned> group_gen;
   std::function<void()> body;
-  const char* error = nullptr;
+  const char* error = nullptr;  // the first failed check of this launch
 };
-static LpEmu lp_emu;
+inline Block g;
 
-static void lp_emu_wait(bool wave) {
-  LpEmuLane& lane = lp_emu.lanes[lp_emu.cur];
-  const int w = lp_emu.cur / WAVE;
-  int& arrived = wave ? lp_emu.wave_arrived[w] : lp_emu.block_arrived;
-  unsigned& gen = wave ? lp_emu.wave_gen[w] : lp_emu.block_gen;
-  const int size = wave ? WAVE : lp_emu.block;
+inline void fail(const char* message) {
+  if (!g.error) g.error = message;
+}
+
+inline bool waiting(const Lane& l) {
+  return (l.wait_gen && *l.wait_gen == l.wait_at) || (l.wait_src >= 0 && g.lanes[l.wait_src].posts.size() < l.wait_n);
+}
+
+// back to the scheduler until this lane may go on
+inline void yield() {
+  Lane& lane = g.lanes[g.cur];
+  if (waiting(lane)) swapcontext(&lane.ctx, &g.main);
+  lane.wait_gen = nullptr;
+  lane.wait_src = -1;
+}
+
+// `size` lanes arrive before any goes on; true for the lane that arrives last
+inline bool meet(int& arrived, unsigned& gen, int size) {
   if (++arrived == size) {
     arrived = 0;
     ++gen;
-    return;
+    return true;
   }
-  lane.wait_gen = &gen;
-  lane.wait_at = gen;
-  swapcontext(&lane.ctx, &lp_emu.main);
+  g.lanes[g.cur].wait_gen = &gen;
+  g.lanes[g.cur].wait_at = gen;
+  yield();
+  return false;
 }
 
-static void lp_emu_trampoline() {
-  lp_emu.body();
-  lp_emu.lanes[lp_emu.cur].done = true;  // returns to lp_emu.main through uc_link
+inline void group_barrier() { meet(g.group_arrived[g.cur / GROUP], g.group_gen[g.cur / GROUP], GROUP); }
+
+inline void block_barrier() {
+  if (meet(g.block_arrived, g.block_gen, g.threads))
+    for (Lane& l : g.lanes) l.posts.clear();  // no shuffle is in flight: every lane is here
+}
+
+// until lane src has posted n shuffle values
+inline void wait_post(int src, size_t n) {
+  g.lanes[g.cur].wait_src = src;
+  g.lanes[g.cur].wait_n = n;
+  yield();
+}
+
+inline void trampoline() {
+  g.body();
+  g.lanes[g.cur].done = true;  // back to g.main through uc_link
 }
 
 // Runs body() as every lane of every block; returns an error message or null.
-static const char* lp_emu_launch(int gx, int gy, int gz, int block, int smem_bytes, std::function<void()> body) {
-  if (block % WAVE) return "block is not a whole number of waves";
-  LpEmu& e = lp_emu;
-  e.grid[0] = gx, e.grid[1] = gy, e.grid[2] = gz, e.block = block;
-  e.body = std::move(body);
+inline const char* launch(int gx, int gy, int gz, int threads, int smem_bytes, std::function<void()> body) {
+  if (threads % WAVE) return "block is not a whole number of waves";
   if (smem_bytes) return "dynamic shared memory is not emulated";
-  e.lanes.assign(block, LpEmuLane());
-  e.stacks.resize(block);
-  for (auto& s : e.stacks) s.resize(256 * 1024);
-  e.slots.assign(block, 0);
+  g.threads = threads;
+  g.body = std::move(body);
+  g.error = nullptr;
+  g.lanes.assign(threads, Lane());
+  while ((int)g.stacks.size() < threads) g.stacks.emplace_back(new char[STACK]);
   for (int z = 0; z < gz; ++z)
     for (int y = 0; y < gy; ++y)
       for (int x = 0; x < gx; ++x) {
-        e.bid[0] = x, e.bid[1] = y, e.bid[2] = z;
-        e.block_arrived = 0;
-        e.wave_arrived.assign(block / WAVE, 0);
-        e.wave_gen.assign(block / WAVE, 0);
-        for (int t = 0; t < block; ++t) {
-          LpEmuLane& l = e.lanes[t];
-          l = LpEmuLane();
+        g.bid[0] = x, g.bid[1] = y, g.bid[2] = z;
+        g.block_arrived = 0;
+        g.group_arrived.assign(threads / GROUP, 0);
+        g.group_gen.assign(threads / GROUP, 0);
+        for (int t = 0; t < threads; ++t) {
+          Lane& l = g.lanes[t];
+          l = Lane();
           getcontext(&l.ctx);
-          l.ctx.uc_stack.ss_sp = e.stacks[t].data();
-          l.ctx.uc_stack.ss_size = e.stacks[t].size();
-          l.ctx.uc_link = &e.main;
-          makecontext(&l.ctx, lp_emu_trampoline, 0);
+          l.ctx.uc_stack.ss_sp = g.stacks[t].get();
+          l.ctx.uc_stack.ss_size = STACK;
+          l.ctx.uc_link = &g.main;
+          makecontext(&l.ctx, trampoline, 0);
         }
-        int alive = block;
+        int alive = threads;
         while (alive > 0) {
           bool progress = false;
-          for (int t = 0; t < block; ++t) {
-            LpEmuLane& l = e.lanes[t];
-            if (l.done || (l.wait_gen && *l.wait_gen == l.wait_at)) continue;
-            l.wait_gen = nullptr;
-            e.cur = t;
-            swapcontext(&e.main, &l.ctx);
+          for (int t = 0; t < threads; ++t) {
+            Lane& l = g.lanes[t];
+            if (l.done || waiting(l)) continue;
+            g.cur = t;
+            swapcontext(&g.main, &l.ctx);
             progress = true;
             if (l.done) --alive;
           }
           if (!progress) return "deadlock: some lanes wait at a barrier (lp_sync or a shuffle) others never reach";
         }
+        if (g.error) return g.error;
       }
   return nullptr;
 }
+
+// slot `slot` of lane `lane` of this lane's wave
+inline uint32_t reg(int lane, int slot) { return (uint32_t)g.lanes[g.cur / WAVE * WAVE + lane].slots[slot]; }
+}  // namespace lp_emu
 
 // --- vendor.h's interface ----------------------------------------------------------------------------
 
@@ -126,37 +185,49 @@ typedef _Float16 lp_half;
 inline float lp_h2f(lp_half h) { return (float)h; }
 inline lp_half lp_f2h(float f) { return (lp_half)f; }
 
-inline int lp_tid() { return lp_emu.cur; }
-inline int lp_bid() { return lp_emu.bid[0]; }
-inline int lp_bid_y() { return lp_emu.bid[1]; }
-inline int lp_bid_z() { return lp_emu.bid[2]; }
-inline int lp_bdim() { return lp_emu.block; }
-inline void lp_sync() { lp_emu_wait(false); }
+inline int lp_tid() { return lp_emu::g.cur; }
+inline int lp_bid() { return lp_emu::g.bid[0]; }
+inline int lp_bid_y() { return lp_emu::g.bid[1]; }
+inline int lp_bid_z() { return lp_emu::g.bid[2]; }
+inline int lp_bdim() { return lp_emu::g.threads; }
+inline void lp_sync() { lp_emu::block_barrier(); }
 
-template <typename T> inline T lp_shfl(T v, int src) {
+inline int lp_lane() { return lp_tid() % WAVE; }
+inline int lp_wave() { return lp_tid() / WAVE; }
+inline int lp_waves() { return lp_bdim() / WAVE; }
+
+namespace lp_emu {
+// this lane's value, and the value of lane `from` at the same shuffle
+inline uint64_t exchange(uint64_t bits, int from, int kind) {
+  std::vector<Post>& posts = g.lanes[g.cur].posts;
+  posts.push_back({bits, kind});
+  const size_t n = posts.size();
+  group_barrier();
+  wait_post(from, n);
+  const Post& p = g.lanes[from].posts[n - 1];
+  if (p.kind != kind) fail("shuffles out of step: the halves of a wave took different numbers (meet at lp_sync first)");
+  return p.bits;
+}
+
+template <typename T> inline T shuffle(T v, int src, int kind) {
   static_assert(sizeof(T) == 4 || sizeof(T) == 8, "32- or 64-bit values");
   uint64_t bits = 0;
   memcpy(&bits, &v, sizeof(T));
-  lp_emu.slots[lp_emu.cur] = bits;
-  lp_emu_wait(true);
-  const int base = lp_emu.cur / WAVE * WAVE;
-  bits = lp_emu.slots[base + ((src % WAVE) + WAVE) % WAVE];
-  lp_emu_wait(true);
+  bits = exchange(bits, lp_wave() * WAVE + (src & (WAVE - 1)), kind);
   T out;
   memcpy(&out, &bits, sizeof(T));
   return out;
 }
-template <typename T> inline T lp_shfl_xor(T v, int mask) { return lp_shfl(v, (lp_emu.cur % WAVE) ^ mask); }
+}  // namespace lp_emu
+
+template <typename T> inline T lp_shfl(T v, int src) { return lp_emu::shuffle(v, src, -1); }
+template <typename T> inline T lp_shfl_xor(T v, int mask) { return lp_emu::shuffle(v, lp_lane() ^ mask, mask); }
 
 inline int lp_dot4(int a, int b, int c) {
   for (int i = 0; i < 4; ++i) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
   return c;
 }
 inline int lp_atomic_add(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
-
-inline int lp_lane() { return lp_tid() % WAVE; }
-inline int lp_wave() { return lp_tid() / WAVE; }
-inline int lp_waves() { return lp_bdim() / WAVE; }
 
 inline float lp_sqrt(float x) { return __builtin_sqrtf(x); }
 inline float lp_exp(float x) { return __builtin_expf(x); }
@@ -174,3 +245,119 @@ template <typename T> inline T lp_wave_max(T v) {
   for (int m = WAVE / 2; m > 0; m >>= 1) v = lp_max(v, lp_shfl_xor(v, m));
   return v;
 }
+
+// --- matrix fragments (mma.cuh's interface) ----------------------------------------------------------
+#if defined(LP_EMU_MMA)
+#define LP_MMA 1
+inline int lp_frag_row(int e) { return (lp_lane() >> 2) + ((e >> 1) << 3); }
+inline int lp_frag_col(int e) { return ((lp_lane() & 3) << 1) + (e & 1); }
+#elif defined(LP_EMU_WMMA)
+#define LP_WMMA 1
+typedef int lp_v4i __attribute__((ext_vector_type(4)));
+typedef int lp_v8i __attribute__((ext_vector_type(8)));
+typedef float lp_v8f __attribute__((ext_vector_type(8)));
+typedef _Float16 lp_v16h __attribute__((ext_vector_type(16)));
+inline int lp_frag_row(int e) { return 2 * e + (lp_lane() >> 4); }
+inline int lp_frag_col(int e) { return lp_lane() & 15; }
+#endif
+
+#if defined(LP_EMU_MMA) || defined(LP_EMU_WMMA)
+namespace lp_emu {
+inline int8_t s8(uint32_t w, int byte) { return (int8_t)(w >> (8 * byte)); }
+inline float f16(uint32_t w, int half) {
+  const uint16_t h = (uint16_t)(w >> (16 * half));
+  _Float16 x;
+  memcpy(&x, &h, 2);
+  return (float)x;
+}
+
+// One fragment operation: every lane posts its NA registers of A (slots 0..) and NB of B (slots NA..),
+// the wave meets, each lane forms its E accumulator elements, d[e] += sum over k < K of
+// term(row, column, k) read from the posted registers, and the wave meets again before anyone posts anew.
+template <int NA, int NB, int K, int E, typename T, class Term>
+inline void fragment(const int* a, const int* b, T (&d)[E], Term term) {
+  Lane& me = g.lanes[g.cur];
+  for (int i = 0; i < NA; ++i) me.slots[i] = (uint32_t)a[i];
+  for (int i = 0; i < NB; ++i) me.slots[NA + i] = (uint32_t)b[i];
+  group_barrier();
+#if defined(LP_EMU_WMMA)  // lanes 16..31 must hold what lanes 0..15 hold (the emulation reads lanes 0..15)
+  if (lp_lane() >= 16)
+    for (int i = 0; i < NA + NB; ++i)
+      if (reg(lp_lane(), i) != reg(lp_lane() - 16, i)) fail("wmma: lanes 16..31 do not repeat lanes 0..15");
+#endif
+  T out[E];
+  for (int e = 0; e < E; ++e) {
+    out[e] = d[e];
+    for (int k = 0; k < K; ++k) out[e] += term(lp_frag_row(e), lp_frag_col(e), k);
+  }
+  group_barrier();
+  for (int e = 0; e < E; ++e) d[e] = out[e];
+}
+}  // namespace lp_emu
+#endif
+
+#if defined(LP_EMU_MMA)
+// PTX ISA fragment layouts (g = lane / 4, t = lane % 4): m16n8k32 s8 A element (r, k) is byte k % 4 of
+// register (r >= 8) + 2 (k >= 16) of lane (r % 8) * 4 + (k % 16) / 4; B element (k, n) byte k % 4 of
+// register (k >= 16) of lane n * 4 + (k % 16) / 4. m16n8k16 s8: A register (r >= 8), B one register.
+// m16n8k16 f16: A element (r, k) half k % 2 of register (r >= 8) + 2 (k >= 8) of lane (r % 8) * 4 + (k % 8) / 2.
+inline void lp_mma_i8_k32(int (&d)[4], const int (&a)[4], const int (&b)[2], const int (&c)[4]) {
+  int acc[4] = {c[0], c[1], c[2], c[3]};
+  lp_emu::fragment<4, 2, 32>(a, b, acc, [](int r, int n, int k) {
+    using namespace lp_emu;
+    const int lane = (k % 16) / 4, hi = k >= 16;
+    return s8(reg((r % 8) * 4 + lane, (r >= 8) + 2 * hi), k % 4) * s8(reg(n * 4 + lane, 4 + hi), k % 4);
+  });
+  for (int e = 0; e < 4; ++e) d[e] = acc[e];
+}
+
+inline void lp_mma_i8_k16(int (&d)[4], const int (&a)[2], int b, const int (&c)[4]) {
+  int acc[4] = {c[0], c[1], c[2], c[3]};
+  lp_emu::fragment<2, 1, 16>(a, &b, acc, [](int r, int n, int k) {
+    using namespace lp_emu;
+    return s8(reg((r % 8) * 4 + k / 4, r >= 8), k % 4) * s8(reg(n * 4 + k / 4, 2), k % 4);
+  });
+  for (int e = 0; e < 4; ++e) d[e] = acc[e];
+}
+
+inline void lp_mma_f16_k16(float (&d)[4], const int (&a)[4], const int (&b)[2]) {
+  lp_emu::fragment<4, 2, 16>(a, b, d, [](int r, int n, int k) {
+    using namespace lp_emu;
+    const int lane = (k % 8) / 2, hi = k >= 8;
+    return f16(reg((r % 8) * 4 + lane, (r >= 8) + 2 * hi), k % 2) * f16(reg(n * 4 + lane, 4 + hi), k % 2);
+  });
+}
+#endif
+
+#if defined(LP_EMU_WMMA)
+// A: lane l holds row l % 16 (k 0..15), B: lane l holds column l % 16; lanes 16..31 repeat 0..15.
+// D element e of lane l: (2e + l / 16, l % 16).
+inline lp_v8i lp_wmma_i8(lp_v4i a, lp_v4i b, lp_v8i c) {
+  const int ar[4] = {a[0], a[1], a[2], a[3]}, br[4] = {b[0], b[1], b[2], b[3]};
+  int acc[8];
+  for (int e = 0; e < 8; ++e) acc[e] = c[e];
+  lp_emu::fragment<4, 4, 16>(ar, br, acc, [](int r, int n, int k) {
+    using namespace lp_emu;
+    return s8(reg(r, k / 4), k % 4) * s8(reg(n, 4 + k / 4), k % 4);
+  });
+  for (int e = 0; e < 8; ++e) c[e] = acc[e];
+  return c;
+}
+
+inline lp_v8f lp_wmma_f16(lp_v16h a, lp_v16h b, lp_v8f c) {
+  const lp_v8i aw = __builtin_bit_cast(lp_v8i, a), bw = __builtin_bit_cast(lp_v8i, b);
+  int ar[8], br[8];
+  float acc[8];
+  for (int i = 0; i < 8; ++i) {
+    ar[i] = aw[i];
+    br[i] = bw[i];
+    acc[i] = c[i];
+  }
+  lp_emu::fragment<8, 8, 16>(ar, br, acc, [](int r, int n, int k) {
+    using namespace lp_emu;
+    return f16(reg(r, k / 2), k % 2) * f16(reg(n, 8 + k / 2), k % 2);
+  });
+  for (int e = 0; e < 8; ++e) c[e] = acc[e];
+  return c;
+}
+#endif

@@ -1,17 +1,18 @@
 """Running llmplan's GPU kernels on the CPU (tests/kernel_emu.h), for tests on machines without a GPU.
 
-emulate(kernels, wave) renders the kernels' sources as codegen/build.py does, with tests/kernel_emu.h in
-place of codegen/kernels/vendor.h, compiles them with the host clang++-19 into a shared library (one
-launcher per kernel) and returns an Emulator whose launch(launch, bind, dims) runs a codegen Launch
-record: grid symbols and scalar symbols bound from `dims`, every other argument (buffers, weights,
-step state, scratch) through bind(ref) -> NumPy array. Launch.smem must be 0: dynamic shared memory is
-not emulated (static __shared__ variables are).
+Emulator(kernels, wave, mode) renders the kernels as codegen/build.py does, with tests/kernel_emu.h in
+place of codegen/kernels/vendor.h, adds one launcher per kernel, and compiles that with the host
+clang++-19 into a shared library (cached under $LLMPLAN_CACHE/emu by source and flags). wave 64
+emulates CDNA; mode "mma" and "wmma" emulate the matrix-core fragments of sm_80+ and of RDNA3 (wave
+32), "plain" has none. launch(launch, bind, dims) runs a codegen Launch record as a runtime would:
+grid symbols and scalar arguments bound from `dims`, every other argument (buffers, weights, step
+state, scratch, tables) through bind(ref) -> NumPy array. Launch.smem must be 0: dynamic shared memory
+is not emulated (static __shared__ variables are).
 
-Also random inputs for kernel tests: quantized blocks with random bytes (moderate f16 scales), their
-planar relayout (models/formats.planes), random packed activations, and the normalized MSE.
-
-(This module was rewritten from its users' calls after the original was overwritten by mistake; see
-the prefill-kernels report.)
+What this checks: a kernel's indexing, its barriers and shuffles (one some lanes skip is an error, not
+a hang), its fragment layouts, and its float32 arithmetic as written. What it does not: the GPUs' own
+exp (host libm here), FMA contraction choices of nvcc and the AMDGPU backend, memory-model subtleties
+beyond barriers, and speed.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import ctypes
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -27,55 +29,33 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmplan.codegen.build import KERNEL_DIR
+from llmplan.codegen.build import render
 from llmplan.codegen.kernel import Kernel, Launch
-from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, Format, dequantize, planes
-from llmplan.runtime.cpu_kernels import Packed
 
 HEADER = Path(__file__).parent / "kernel_emu.h"
-_SCALARS = {"int": ctypes.c_int, "float": ctypes.c_float, "unsigned": ctypes.c_uint}
+COMPILER = "clang++-19"
+MODES = {"plain": [], "mma": ["-DLP_EMU_MMA"], "wmma": ["-DLP_EMU_WMMA"]}
+_SCALARS = {"int": (ctypes.c_int, "i32"), "unsigned": (ctypes.c_uint, "i32"), "float": (ctypes.c_float, "f32")}
 
 
-def _inline(path: Path, seen: set[str], out: list[str]) -> None:
-    if path.name in seen:
-        return
-    seen.add(path.name)
-    for line in path.read_text().splitlines():
-        m = re.match(r'\s*#include\s+"([^"]+)"', line)
-        if m:
-            name = m.group(1)
-            _inline(HEADER if name == "vendor.h" else KERNEL_DIR / name, seen, out)
-        elif line.strip() != "#pragma once":
-            out.append(line)
+def have_compiler() -> bool:
+    return shutil.which(COMPILER) is not None
 
 
-def _signature(k: Kernel) -> list[tuple[str, str]]:
-    """(type, name) of the entry point's parameters."""
+def _params(k: Kernel) -> list[str]:
+    """The C types of the entry point's parameters."""
     m = re.match(r"LP_KERNEL void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\((.*?)\)\s*\{", k.entry, re.S)
     assert m and m.group(1) == k.name, k.entry
-    params = []
-    for p in m.group(2).split(","):
-        p = p.strip()
-        if not p:
-            continue
-        name = re.search(r"(\w+)$", p).group(1)
-        params.append((p[: -len(name)].strip(), name))
-    return params
+    return [re.sub(r"\s*\w+$", "", p.strip()) for p in m.group(2).split(",") if p.strip()]
 
 
-def render(kernels: list[Kernel]) -> str:
-    seen: set[str] = set()
-    out = ["// llmplan kernels for the CPU emulator (tests/kernel_emu.h)"]
-    _inline(HEADER, seen, out)
-    seen.add("vendor.h")
-    for src in dict.fromkeys(k.source for k in kernels):
-        _inline(KERNEL_DIR / src, seen, out)
+def _source(kernels: list[Kernel]) -> str:
+    """The kernels' translation unit and a launcher lp_emu_call_<kernel>(grid, smem, argument pointers)."""
+    out = [render(kernels, HEADER)]
     for k in sorted({k.name: k for k in kernels}.values(), key=lambda k: k.name):
-        out.append(k.entry)
-        params = _signature(k)
-        call = ", ".join(f"*({t}*)a[{i}]" if t in _SCALARS else f"({t})a[{i}]" for i, (t, _) in enumerate(params))
+        call = ", ".join(f"*({t}*)a[{i}]" if t in _SCALARS else f"({t})a[{i}]" for i, t in enumerate(_params(k)))
         out.append(f'extern "C" const char* lp_emu_call_{k.name}(int gx, int gy, int gz, int smem, void** a) '
-                   f"{{ return lp_emu_launch(gx, gy, gz, {k.block}, smem, [=] {{ {k.name}({call}); }}); }}")
+                   f"{{ return lp_emu::launch(gx, gy, gz, {k.block}, smem, [=] {{ {k.name}({call}); }}); }}")
     return "\n".join(out) + "\n"
 
 
@@ -90,21 +70,22 @@ def _workdir() -> Path:
 
 
 class Emulator:
-    def __init__(self, kernels: list[Kernel], wave: int = 32):
+    """The kernels built for the host with one wave width and fragment mode."""
+
+    def __init__(self, kernels: list[Kernel], wave: int = 32, mode: str = "plain"):
         self.kernels = {k.name: k for k in kernels}
-        self.wave = wave
-        source = render(list(self.kernels.values()))
-        flags = ["-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-DWAVE={wave}"]
-        key = hashlib.sha256("\0".join([source, *flags, HEADER.read_text()]).encode()).hexdigest()[:24]
+        source = _source(list(self.kernels.values()))
+        flags = ["-std=c++20", "-O1", "-shared", "-fPIC", "-w", f"-DWAVE={wave}", *MODES[mode]]
+        key = hashlib.sha256("\0".join([source, *flags]).encode()).hexdigest()[:24]
         work = _workdir()
         lib = work / f"emu_{key}.so"
         if not lib.exists():
             cpp = work / f"emu_{key}.cpp"
             cpp.write_text(source)
             tmp = work / f"emu_{key}.{os.getpid()}.tmp"
-            r = subprocess.run(["clang++-19", *flags, "-o", str(tmp), str(cpp)], capture_output=True, text=True)
+            r = subprocess.run([COMPILER, *flags, "-o", str(tmp), str(cpp)], capture_output=True, text=True)
             if r.returncode != 0:
-                raise RuntimeError(f"emulator build failed:\n{r.stderr[:4000]}")
+                raise RuntimeError(f"emulator build (wave {wave}, {mode}) failed:\n{r.stderr[:4000]}")
             os.replace(tmp, lib)
         self.lib = ctypes.CDLL(str(lib))
         for name in self.kernels:
@@ -112,14 +93,15 @@ class Emulator:
 
     def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
         k = launch.kernel
-        params = _signature(k)
-        assert len(params) == len(launch.args), f"{k.name}: {len(params)} parameters, {len(launch.args)} arguments"
+        types = _params(k)
+        assert len(types) == len(launch.args), f"{k.name}: {len(types)} parameters, {len(launch.args)} arguments"
         keep, ptrs = [], []
-        for (t, _), arg in zip(params, launch.args):
+        for t, arg in zip(types, launch.args):
             if t in _SCALARS:
-                assert len(arg) == 1, arg
-                (v,) = arg.values()
-                c = _SCALARS[t](dims[v] if isinstance(v, str) else v)
+                ctype, kind = _SCALARS[t]
+                assert list(arg) == [kind], (k.name, t, arg)
+                v = arg[kind]
+                c = ctype(dims[v] if isinstance(v, str) else v)
                 keep.append(c)
                 ptrs.append(ctypes.cast(ctypes.pointer(c), ctypes.c_void_p))
             else:
@@ -135,80 +117,3 @@ class Emulator:
         err = getattr(self.lib, f"lp_emu_call_{k.name}")(grid[0], grid[1], grid[2], int(launch.smem or 0), args)
         if err:
             raise RuntimeError(f"{k.name}: {err.decode()}")
-
-
-def emulate(kernels: list[Kernel], wave: int = 32) -> Emulator:
-    return Emulator(kernels, wave)
-
-
-# --- inputs ------------------------------------------------------------------------------------------
-
-def _fmt(fmt: str | Format) -> Format:
-    return fmt if isinstance(fmt, Format) else FORMATS[fmt.upper()]
-
-
-def random_blocks(rng: np.random.Generator, fmt: str | Format, n: int, k: int) -> np.ndarray:
-    """n rows of k values in format `fmt` as a flat array of blocks: random bytes in every quantized
-    field, moderate random f16 scales (either sign); F16 values standard normal."""
-    f = _fmt(fmt)
-    nb = n * k // f.block
-    if f.name == "F16":
-        return rng.standard_normal(nb).astype(np.float16).view(f.layout).reshape(-1)
-    if f.name in ("F32", "BF16"):
-        vals = rng.standard_normal(nb).astype(np.float32)
-        return (vals if f.name == "F32" else (vals.view(np.uint32) >> 16).astype(np.int16)).view(f.layout).reshape(-1)
-    raw = rng.integers(0, 256, nb * f.block_bytes, dtype=np.uint8)
-    b = raw.view(f.layout).reshape(-1).copy()
-    for name in f.layout.names:
-        if f.layout[name].base == np.float16:
-            b[name] = (rng.uniform(0.002, 0.05, nb) * rng.choice([-1.0, 1.0], nb)).astype(np.float16)
-    return b
-
-
-def planar_bytes(fmt: str | Format, blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
-    """The planar relayout (models/formats.planes) of `rows` rows of blocks, as bytes."""
-    f = _fmt(fmt)
-    blocks = np.ascontiguousarray(blocks).reshape(-1)
-    ps, total = planes(f, rows, k)
-    out = np.zeros(total, np.uint8)
-    for p in ps:
-        out[p.offset:p.offset + p.nbytes] = np.ascontiguousarray(blocks[p.name]).view(np.uint8).reshape(-1)
-    return out
-
-
-def random_weight(rng: np.random.Generator, fmt: str | Format, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(planar bytes, the exactly dequantized float32 matrix [n, k]) of a random weight."""
-    f = _fmt(fmt)
-    blocks = random_blocks(rng, f, n, k)
-    dense = dequantize(blocks.view(np.uint8).reshape(-1), f, (n, k))
-    return planar_bytes(f, blocks, n, k), dense
-
-
-def random_activation(rng: np.random.Generator, fmt: str, rows: int, k: int) -> tuple[np.ndarray, Any]:
-    """(the buffer a kernel reads, what the CPU twin reads) of random activations [rows, k]: packed
-    field planes (a cpu_kernels.Packed view of the same bytes, every field consistent: q8_1 sums,
-    q8_k 16-value sums) or f16 rows."""
-    if fmt == "f16":
-        a = rng.standard_normal((rows, k)).astype(np.float16)
-        return a, a
-    f = ACTIVATION_FORMATS[fmt.upper()]
-    ps, total = planes(f, rows, k)
-    buf = np.zeros(total, np.uint8)
-    x = Packed(fmt, {p.name: buf[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in ps})
-    qs = rng.integers(-127, 128, x["qs"].shape).astype(np.int8)
-    x["qs"][...] = qs
-    if fmt == "q8_k":
-        x["d"][...] = (rng.uniform(0.004, 0.03, x["d"].shape) * rng.choice([-1.0, 1.0], x["d"].shape))
-        x["bsums"][...] = qs.reshape(rows, -1, 16, 16).astype(np.int32).sum(-1)
-    else:
-        x["d"][...] = rng.uniform(0.004, 0.03, x["d"].shape).astype(np.float16)
-        if fmt == "q8_1":
-            x["s"][...] = (x["d"].astype(np.float32) * qs.reshape(rows, -1, 32).astype(np.float32).sum(-1)).astype(
-                np.float16)
-    return buf, x
-
-
-def nmse(got: np.ndarray, want: np.ndarray) -> float:
-    """Normalized mean squared error sum((got - want)^2) / sum(want^2)."""
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    return float(((got - want) ** 2).sum() / max((want ** 2).sum(), 1e-300))

@@ -1,6 +1,6 @@
 """Split-context decode attention kernels (codegen/families/attention_decode.py): they build for every
 target with no spills and the 128-bit loads they are designed around, their Launch records are what
-the runtime needs, and, run on the host emulator (tests/gpu_emulator.py) through those records, they
+the runtime needs, and, run on the host emulator (tests/kernel_emu.py) through those records, they
 compute what the CPU twins compute, on wave32 and wave64 layouts."""
 
 from __future__ import annotations
@@ -8,8 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_emulator import Emulated, packed_buffer, run_launch
-from llmplan.codegen.build import BuildError, build
+from codegen_checks import built, needs_emulator
+from kernel_emu import Emulator
+from kernel_inputs import nmse, packed_buffer
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import attention_decode as ad
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -31,11 +33,6 @@ def all_kernels():
     return [ad.partial_kernel(*p) for p in PARTIALS] + [ad.reduce_kernel(f) for f in ad.OUT_FORMATS]
 
 
-def nmse(got: np.ndarray, want: np.ndarray) -> float:
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    return float(np.sum((g - w) ** 2) / max(np.sum(w**2), 1e-300))
-
-
 # --- building ------------------------------------------------------------------------------------
 
 def test_names_are_stable():
@@ -45,14 +42,16 @@ def test_names_are_stable():
     assert ad.partial_threads(256, 8) == 256 and ad.partial_threads(256, 16) == 128
 
 
+def catalog(target) -> list:
+    return [k for k in all_kernels() if k.family not in target.unsupported]
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_builds_without_spills(target):
     t = TARGETS[target]
-    kernels = [k for k in all_kernels() if k.family not in t.unsupported]
-    b = build(kernels, t, use_cache=False)
-    for k in kernels:
+    b = built(catalog, target)  # the gates (no spills, device code, expected instructions), no stack
+    for k in catalog(t):
         m = b.manifests[k.name]
-        assert m.spill_bytes == 0 and m.stack_bytes == 0, (k.name, m)
         assert 0 < m.registers <= 128, (k.name, m.registers)
         assert m.wave == t.wave
         if k.family == "attention_partial":
@@ -116,7 +115,7 @@ CASES = [
 
 
 def _emulators(kernels):
-    return {wave: Emulated(kernels, wave=wave) for wave in (32, 64)}
+    return {wave: Emulator(kernels, wave) for wave in (32, 64)}
 
 
 @pytest.fixture(scope="module")
@@ -125,6 +124,7 @@ def emulators():
     return _emulators(kernels)
 
 
+@needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}_g{c[1]}" for c in CASES])
 def test_partial_matches_twin(emulators, wave, case):
@@ -145,7 +145,7 @@ def test_partial_matches_twin(emulators, wave, case):
     arrays = {"buf": {0: q, 1: part}, "state": {"seq": seq, "pos": pos}}
     bind = (lambda ref: cache if "cache" in ref else arrays["buf"][ref["buf"]] if "buf" in ref
             else arrays["state"][ref["state"]])
-    run_launch(emulators[wave], l, {"rows": rows, "splits": splits, "slots": slots, "ctx": ctx_len}, bind)
+    emulators[wave].launch(l, bind, {"rows": rows, "splits": splits, "slots": slots, "ctx": ctx_len})
 
     want = np.zeros_like(part)
     ck.attention_partial("attention_partial", attrs, [want], q, cache, seq, pos)
@@ -171,6 +171,7 @@ def _partials(rng, rows, heads, d, splits):
     return part
 
 
+@needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
 @pytest.mark.parametrize("fmt", list(ad.OUT_FORMATS))
 def test_reduce_matches_twin(emulators, wave, fmt):
@@ -188,7 +189,7 @@ def test_reduce_matches_twin(emulators, wave, fmt):
     if fmt in ("f32", "f16", "bf16"):
         dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[fmt]
         out = np.full((rows, heads * d), 0xFFFF if fmt == "bf16" else np.nan, dtype)
-        run_launch(emulators[wave], l, symbols, lambda ref: part if ref["buf"] == 0 else out)
+        emulators[wave].launch(l, lambda ref: part if ref["buf"] == 0 else out, symbols)
         want = np.zeros_like(out)
         ck.attention_reduce(op, {"format": fmt} if fmt != "f32" else {}, [want], part)
         got_f = ck._values(out)
@@ -200,7 +201,7 @@ def test_reduce_matches_twin(emulators, wave, fmt):
     runs = []
     for poison in (True, False):  # 8-bit planes take any value: two poisons prove every byte written
         raw, packed = packed_buffer(fmt, rows, heads * d, poison)
-        run_launch(emulators[wave], l, symbols, lambda ref: part if ref["buf"] == 0 else raw)
+        emulators[wave].launch(l, lambda ref: part if ref["buf"] == 0 else raw, symbols)
         runs.append((raw, packed))
     for name, plane in runs[0][1].planes.items():  # (the padding between planes is nobody's)
         assert np.array_equal(plane, runs[1][1][name]), name

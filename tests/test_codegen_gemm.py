@@ -11,13 +11,9 @@
 
 from __future__ import annotations
 
-import concurrent.futures
-import functools
-
 import pytest
 
-from llmplan.codegen import build as build_mod
-from llmplan.codegen import toolchain
+from codegen_checks import built
 from llmplan.codegen.families import gemm
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -25,11 +21,6 @@ from llmplan.codegen.targets import TARGETS
 FORMATS = list(gemm.WEIGHT_FORMATS)
 SEGMENTS = [("q8_0", "q5_0")]  # (and q4_k/q4_k/q6_k with split-K below)
 SMEM_LIMIT = {"cuda": 48 * 1024, "hip": 64 * 1024}  # per block without opt-in (CUDA) / LDS (AMD)
-
-
-def have_compiler(target) -> bool:
-    return toolchain.find("nvcc", toolchain._NVIDIA_DIRS) is not None if target.nvidia else \
-        toolchain.find("clang++-19") is not None
 
 
 def context(target: str, weights: dict, buffers: list) -> Context:
@@ -189,21 +180,10 @@ def catalog(t) -> list:
     return ks + [gemm.fixup_kernel(n, r) for n, r in ((1, False), (1, True), (2, False), (3, False))]
 
 
-@functools.cache
-def built() -> dict:
-    """The catalog built for every target with a compiler here, targets in parallel (one TU each)."""
-    targets = [t for t in TARGETS.values() if have_compiler(t)]
-    with concurrent.futures.ThreadPoolExecutor(len(targets) or 1) as pool:
-        futures = {t.name: pool.submit(build_mod.build, catalog(t), t, False) for t in targets}
-        return {name: f.result() for name, f in futures.items()}
-
-
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_every_member_format_and_epilogue_builds(target):
     t = TARGETS[target]
-    if not have_compiler(t):
-        pytest.skip(f"no compiler for {target} here")
-    b = built()[target]  # build() applies the gates: no spills, device code, expected instructions
+    b = built(catalog, target)  # the gates (no spills, device code, expected instructions), no stack
     kernels = catalog(t)
     members = gemm.members(t)
     assert len(b.manifests) == len(kernels) == len(members) * (len(FORMATS) + len(SEGMENTS) + 3) + 4
@@ -211,7 +191,6 @@ def test_every_member_format_and_epilogue_builds(target):
     shapes = {gemm.kernel(m, f, r, s).name: (m, f) for m, f, r, s in variants(t)}
     for k in kernels:
         m = b.manifests[k.name]
-        assert m.spill_bytes == 0 and m.stack_bytes == 0, (k.name, m)
         assert 0 < m.registers <= (255 if t.nvidia else 256), (k.name, m.registers)
         assert m.threads == k.block
         if k.family == "gemm_fixup":

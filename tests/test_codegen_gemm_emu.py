@@ -1,4 +1,4 @@
-"""The prefill GEMM kernels' numbers, on the CPU (tests/prefill_emu.py: the kernel source compiled for
+"""The prefill GEMM kernels' numbers, on the CPU (tests/kernel_emu.py: the kernel source compiled for
 the host, every GPU thread a fiber, mma.sync and RDNA3 WMMA fragments emulated with their register
 layouts) against the CPU twin runtime/cpu_kernels.py matmul, ggml's way: random inputs (random bytes in
 every quantized weight field; activations packed by the twins' own packing), outputs poisoned with NaN
@@ -12,18 +12,19 @@ tiles everywhere (rows, columns, and k for the 32-value formats).
 from __future__ import annotations
 
 import functools
-import zlib
 
 import numpy as np
 import pytest
 
+from codegen_checks import needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from kernel_emu import Emulator
+from kernel_inputs import nmse, pack_activation, random_weight
 from llmplan.codegen.families import gemm
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.runtime.cpu_kernels import matmul as cpu_matmul
-from prefill_emu import Emulator, have_host_compiler, nmse, random_activation, random_weight
 
-pytestmark = pytest.mark.skipif(not have_host_compiler(), reason="the CPU emulation needs clang++-19")
+pytestmark = needs_emulator
 
 FORMATS = list(gemm.WEIGHT_FORMATS)
 # the kernel's sums are exact integers scaled once per sub-block: far inside the 5e-4 bar of the
@@ -32,11 +33,6 @@ TIGHT = 1e-9
 TARGET = {"mma": "sm_90", "wmma": "gfx1151", "plain": "gfx942"}
 MEMBER = {"mma": "mma_128x128", "wmma": "mma_64x128", "plain": "dot4_64x64"}
 SEGMENTS = [("q4_k", "q4_k", "q6_k"), ("q8_0", "q5_0", "q4_0"), ("f16", "f16")]
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def _kernels(mode: str) -> list:
@@ -53,7 +49,7 @@ def _kernels(mode: str) -> list:
 
 @functools.cache
 def emulator(mode: str) -> Emulator:
-    return Emulator(_kernels(mode), "plain" if mode == "plain" else mode)
+    return Emulator(_kernels(mode), mode=mode)
 
 
 def k_for(fmt: str) -> int:
@@ -68,7 +64,9 @@ def run(mode, op, formats, rows, ns, rng, member=None, k=None, inplace=False):
     member = member or MEMBER[mode]
     k = k or k_for(formats[0])
     act = gemm.WEIGHT_FORMATS[formats[0]][4]
-    xbuf, x = random_activation(rng, act, rows, k)
+    # real values packed by the twins' own packing, rows of different magnitudes
+    xbuf, x = pack_activation((rng.standard_normal((rows, k)) * rng.uniform(0.1, 3.0, (rows, 1))).astype(np.float32),
+                              act)
     weights = [random_weight(rng, f, n, k) for f, n in zip(formats, ns)]
     names = [f"w{i}" for i in range(len(formats))]
     bufs = [{"dtype": act, "shape": ["rows", k]}] + [{"dtype": "f32", "shape": ["rows", n]} for n in ns]
@@ -98,7 +96,7 @@ def run(mode, op, formats, rows, ns, rng, member=None, k=None, inplace=False):
         return arrays[ref["buf"]]
 
     for ln in launches:
-        e.run(ln, bind, {"rows": rows})
+        e.launch(ln, bind, {"rows": rows})
     want = [np.empty((rows, n), np.float32) for n in ns]
     cpu_matmul(op, {}, want, x, *(w[1] for w in weights), *([r] if r is not None else []))
     for y in ys:

@@ -1,7 +1,7 @@
 """The decode step's small fused kernels: rope + K/V write (rope_kv, norm_rope_kv), GLU + pack, and
 elementwise ops / row gathers. They build for every target with no spills, their Launch records are
 what the runtime needs, the rope table reproduces models/numerics.rope within the tolerance claimed in
-codegen/families/rope_kv.py, and, run on the host emulator (tests/gpu_emulator.py) through their
+codegen/families/rope_kv.py, and, run on the host emulator (tests/kernel_emu.py) through their
 Launch records, they compute what the CPU twins compute."""
 
 from __future__ import annotations
@@ -9,8 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gpu_emulator import Emulated, packed_buffer, run_launch
-from llmplan.codegen.build import BuildError, build
+from codegen_checks import built, needs_emulator
+from kernel_emu import Emulator
+from kernel_inputs import nmse, packed_buffer
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.families import glu, rope_kv
 from llmplan.codegen.kernel import Context
@@ -27,11 +29,6 @@ def all_kernels():
             + [ew.take_rows_kernel(b) for b in (16, 4, 2, 1)])
 
 
-def nmse(got: np.ndarray, want: np.ndarray) -> float:
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    return float(np.sum((g - w) ** 2) / max(np.sum(w**2), 1e-300))
-
-
 # --- building ------------------------------------------------------------------------------------
 
 def test_names_are_stable():
@@ -44,14 +41,16 @@ def test_names_are_stable():
     assert names[26:] == ["lp_take_rows_b16", "lp_take_rows_b4", "lp_take_rows_b2", "lp_take_rows_b1"]
 
 
+def catalog(target) -> list:
+    return [k for k in all_kernels() if k.family not in target.unsupported]
+
+
 @pytest.mark.parametrize("target", sorted(TARGETS))
 def test_builds_without_spills(target):
     t = TARGETS[target]
-    kernels = [k for k in all_kernels() if k.family not in t.unsupported]
-    b = build(kernels, t, use_cache=False)  # the gates: no spills, device code, expected instructions
-    for k in kernels:
+    b = built(catalog, target)  # the gates (no spills, device code, expected instructions), no stack
+    for k in catalog(t):
         m = b.manifests[k.name]
-        assert m.spill_bytes == 0 and m.stack_bytes == 0, (k.name, m)
         assert 0 < m.registers <= 96, (k.name, m.registers)
         assert m.shared_bytes <= 256, (k.name, m.shared_bytes)  # rope's norm scratch: 32 doubles
         if k.name.endswith(("_v4", "_b16")):
@@ -154,7 +153,7 @@ def test_rope_table_matches_numerics(mode, base, dims, head, factors):
 
 @pytest.fixture(scope="module")
 def emulators():
-    return {wave: Emulated(all_kernels(), wave=wave) for wave in (32, 64)}
+    return {wave: Emulator(all_kernels(), wave) for wave in (32, 64)}
 
 
 def _bind(arrays, cache=None, weights=None, ctx_len=0):
@@ -173,6 +172,7 @@ def _bind(arrays, cache=None, weights=None, ctx_len=0):
     return bind
 
 
+@needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
 @pytest.mark.parametrize("op,mode,d,dims,heads,kvh", [("rope_kv", "norm", 128, 128, 4, 2),
                                                       ("rope_kv", "neox", 96, 64, 2, 1),
@@ -203,8 +203,7 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     want_cache = cache.copy()
     q_out = np.full_like(q, np.nan)
     arrays = {0: q, 1: k, 2: v, 3: q_out, "pos": pos, "seq": seq}
-    run_launch(emulators[wave], l, {"rows": rows, "slots": slots, "ctx": ctx_len},
-               _bind(arrays, cache, weights, ctx_len))
+    emulators[wave].launch(l, _bind(arrays, cache, weights, ctx_len), {"rows": rows, "slots": slots, "ctx": ctx_len})
 
     want_q = np.empty_like(q)
     twin_extra = [weights[e["weight"]] for e in extra]
@@ -225,6 +224,7 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     assert np.mean(kg == kw) > 0.99
 
 
+@needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
 @pytest.mark.parametrize("act", list(glu.ACTS))
 @pytest.mark.parametrize("fmt", list(glu.FORMATS))
@@ -240,7 +240,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
     symbols = {"rows": rows}
     if fmt in ("f16", "bf16"):
         out = np.full((rows, k), 0xFFFF, np.uint16) if fmt == "bf16" else np.full((rows, k), np.nan, np.float16)
-        run_launch(emulators[wave], l, symbols, _bind({0: gate, 1: up, 2: out}))
+        emulators[wave].launch(l, _bind({0: gate, 1: up, 2: out}), symbols)
         want = np.zeros_like(out)
         ck.glu_pack("glu_pack", {"act": act, "format": fmt}, [want], gate, up)
         got_f, want_f = ck._values(out), ck._values(want)
@@ -257,7 +257,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
     runs = []
     for poison in (True, False):
         raw, packed = packed_buffer(fmt, rows, k, poison)
-        run_launch(emulators[wave], l, symbols, _bind({0: gate, 1: up, 2: raw}))
+        emulators[wave].launch(l, _bind({0: gate, 1: up, 2: raw}), symbols)
         runs.append(packed)
     for name, plane in runs[0].planes.items():
         assert np.array_equal(plane, runs[1][name]), name
@@ -267,6 +267,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
     assert nmse(ck._values(runs[0]), ck._values(want)) < 1e-7
 
 
+@needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
 @pytest.mark.parametrize("op", list(ew.OPS))
 @pytest.mark.parametrize("k", [2048 + 4, 777])
@@ -281,7 +282,7 @@ def test_elementwise_matches_twin(emulators, wave, op, k):
     ctx = Context([{"dtype": "f32", "shape": ["rows", k]}] * 3, {}, TARGETS["sm_89"])
     (l,) = ew.launches({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}, ctx)
     out = np.full_like(x, np.nan)
-    run_launch(emulators[wave], l, {"rows": rows}, _bind({0: x, 1: y, 2: out}))
+    emulators[wave].launch(l, _bind({0: x, 1: y, 2: out}), {"rows": rows})
     want = np.empty_like(x)
     ck.elementwise(op, attrs, [want], x, *([y] if op in ew.BINARY else []))
     assert not np.isnan(out).any()
@@ -297,6 +298,7 @@ def test_elementwise_matches_twin(emulators, wave, op, k):
     assert nmse(out, want) < 1e-12
 
 
+@needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
 @pytest.mark.parametrize("dtype,k", [("f32", 640), ("f32", 3), ("f16", 5), ("i32", 1024)])
 def test_take_rows_matches_twin(emulators, wave, dtype, k):
@@ -309,7 +311,7 @@ def test_take_rows_matches_twin(emulators, wave, dtype, k):
     (l,) = ew.launches({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
                         "outs": [{"buf": 1}]}, ctx)
     out = np.zeros((len(last), k), np_dtype)
-    run_launch(emulators[wave], l, {"rows": 9, "seqs": len(last)}, _bind({0: x, 1: out, "last": last}))
+    emulators[wave].launch(l, _bind({0: x, 1: out, "last": last}), {"rows": 9, "seqs": len(last)})
     want = np.empty_like(out)
     ck.take_rows("take_rows", {}, [want], x, last)
     assert np.array_equal(out, want)

@@ -10,16 +10,14 @@ index wins, as np.argmax) and NaN logits (the first NaN wins).
 
 from __future__ import annotations
 
-import concurrent.futures
 import functools
-import zlib
 
 import numpy as np
 import pytest
 
-from kernel_emu import emulate, planar_bytes, random_blocks, random_weight
-from llmplan.codegen import build as build_mod
-from llmplan.codegen import toolchain
+from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from kernel_emu import Emulator
+from kernel_inputs import planar_bytes, random_blocks, random_weight
 from llmplan.codegen.families import matvec, tail
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -29,19 +27,6 @@ from llmplan.models.formats import ACTIVATION_FORMATS, dequantize, planes
 from llmplan.runtime.cpu_kernels import tail_argmax as cpu_tail
 
 EPS = 1e-5
-
-
-def have_compiler(target) -> bool:
-    return toolchain.find("nvcc", toolchain._NVIDIA_DIRS) is not None if target.nvidia else \
-        toolchain.find("clang++-19") is not None
-
-
-needs_emulator = pytest.mark.skipif(toolchain.find("clang++-19") is None, reason="the emulator needs clang++-19")
-
-
-@pytest.fixture
-def rng(request):
-    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
 
 
 def tail_launch(fmt, vocab, k, rows, target="sm_90", member=None, act=None):
@@ -100,24 +85,13 @@ def catalog(target) -> list:
             + [tail.logits_kernel(f, c, target) for f in matvec.FORMATS for c in (1, 8)])
 
 
-@functools.cache
-def built() -> dict:
-    targets = [t for t in TARGETS.values() if have_compiler(t)]
-    with concurrent.futures.ThreadPoolExecutor(len(targets) or 1) as pool:
-        futures = {t.name: pool.submit(build_mod.build, catalog(t), t, False) for t in targets}
-        return {name: f.result() for name, f in futures.items()}
-
-
 @pytest.mark.parametrize("target", list(TARGETS))
 def test_every_head_format_builds(target):
     t = TARGETS[target]
-    if not have_compiler(t):
-        pytest.skip(f"no compiler for {target} here")
+    b = built(catalog, target)  # no spills, no stack
     assert "tail_argmax" not in t.unsupported
-    b = built()[target]
     for k in catalog(t):
         m = b.manifests[k.name]
-        assert m.spill_bytes == 0 and m.stack_bytes == 0, (k.name, m)
         # one row (decode): room for many waves; 8 rows: the compiler keeps more activations in registers
         assert 0 < m.registers <= (96 if k.name.endswith("_c1") else 255), (k.name, m.registers)
         assert m.shared_bytes <= 2048, (k.name, m.shared_bytes)  # the norm's and the waves' scratch
@@ -132,7 +106,7 @@ def emu(wave: int):
     t = TARGETS["gfx942" if wave == 64 else "sm_90"]
     ks = [tail.pack_kernel(a) for a in tail.ACT_CODES] + [tail.reduce_kernel()]
     ks += [tail.logits_kernel(f, 3, t) for f in matvec.FORMATS] + [tail.logits_kernel("Q8_0", 8, t)]
-    return emulate(ks, wave), t
+    return Emulator(ks, wave), t
 
 
 def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):

@@ -32,7 +32,7 @@ __device__ __forceinline__ float lp_as_float(int x) {
 }
 __device__ __forceinline__ float lp_magic_to_float(int x) { return lp_as_float(x) - 12582912.0f; }
 
-#if defined(LP_MMA) && !defined(LP_EMULATED)  // (tests/prefill_emu.h emulates fragments on the CPU)
+#if defined(LP_MMA) && !defined(LP_EMU)  // (tests/kernel_emu.h emulates fragments on the CPU)
 // accumulator element e (0..3) of a 16x8 C fragment: row and column within the fragment
 __device__ __forceinline__ int lp_frag_row(int e) { return (lp_lane() >> 2) + ((e >> 1) << 3); }
 __device__ __forceinline__ int lp_frag_col(int e) { return ((lp_lane() & 3) << 1) + (e & 1); }
@@ -57,7 +57,7 @@ __device__ __forceinline__ void lp_mma_f16_k16(float (&d)[4], const int (&a)[4],
 }
 #endif
 
-#if defined(LP_WMMA) && !defined(LP_EMULATED)
+#if defined(LP_WMMA) && !defined(LP_EMU)
 typedef int lp_v4i __attribute__((ext_vector_type(4)));
 typedef int lp_v8i __attribute__((ext_vector_type(8)));
 typedef float lp_v8f __attribute__((ext_vector_type(8)));

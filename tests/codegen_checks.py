@@ -1,0 +1,53 @@
+"""What the kernel family tests (tests/test_codegen_*.py) share: a catalog built once for every target,
+the skip for a missing CPU emulator compiler, and a random generator seeded by the test's own id."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import zlib
+from typing import Callable
+
+import numpy as np
+import pytest
+
+import kernel_emu
+from llmplan.codegen import toolchain
+from llmplan.codegen.build import Build, build
+from llmplan.codegen.kernel import Kernel
+from llmplan.codegen.targets import TARGETS, Target
+
+Catalog = Callable[[Target], list[Kernel]]
+
+needs_emulator = pytest.mark.skipif(not kernel_emu.have_compiler(), reason="the CPU emulator needs clang++-19")
+
+
+@pytest.fixture
+def rng(request):
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+@functools.cache
+def _builds(catalog: Catalog) -> dict[str, Build]:
+    """catalog(target) for every target with a compiler here, targets in parallel (one translation
+    unit each), with build()'s gates: no spills, device code, the expected instructions."""
+    targets = [t for t in TARGETS.values() if toolchain.available(t)]
+    with concurrent.futures.ThreadPoolExecutor(len(targets) or 1) as pool:
+        futures = {t.name: pool.submit(build, catalog(t), t, False) for t in targets}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def built(catalog: Catalog, target: str) -> Build:
+    """The build of catalog(TARGETS[target]) (the test is skipped where this machine has no compiler
+    for the target), after what every kernel must pass: it is in the build, it spills nothing and has
+    no stack frame."""
+    t = TARGETS[target]
+    if not toolchain.available(t):
+        pytest.skip(f"no compiler for {target} here")
+    b = _builds(catalog)[target]
+    kernels = catalog(t)
+    assert set(b.manifests) == {k.name for k in kernels}
+    for k in kernels:
+        m = b.manifests[k.name]
+        assert m.spill_bytes == 0 and m.stack_bytes == 0, (k.name, m)
+    return b

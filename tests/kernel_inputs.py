@@ -1,0 +1,106 @@
+"""Inputs and the error measure of the GPU kernel tests (ggml's method: fresh random inputs, never zeros).
+
+Weights: quantized blocks with random bytes in every quantized field (every bit pattern of a format's
+packing is exercised) and moderate random f16 scales of either sign, in the planar relayout the kernels
+read (models/formats.planes). Activations: arena-style packed buffers (field planes, with a
+cpu_kernels.Packed view of the same bytes for the CPU twins), filled either with random fields or by
+the twins' own packing of real values. nmse: DESIGN.md's normalized mean squared error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from llmplan.models import numerics as num
+from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, Format, dequantize, planes
+from llmplan.runtime.cpu_kernels import Packed
+
+
+def _fmt(fmt: str | Format) -> Format:
+    return fmt if isinstance(fmt, Format) else FORMATS[fmt.upper()]
+
+
+def random_blocks(rng: np.random.Generator, fmt: str | Format, n: int, k: int) -> np.ndarray:
+    """n rows of k values in format `fmt` as a flat array of blocks: random bytes in every quantized
+    field, moderate random f16 scales (either sign); F16 / F32 / BF16 values standard normal."""
+    f = _fmt(fmt)
+    nb = n * k // f.block
+    if f.name == "F16":
+        return rng.standard_normal(nb).astype(np.float16).view(f.layout).reshape(-1)
+    if f.name in ("F32", "BF16"):
+        vals = rng.standard_normal(nb).astype(np.float32)
+        return (vals if f.name == "F32" else (vals.view(np.uint32) >> 16).astype(np.int16)).view(f.layout).reshape(-1)
+    raw = rng.integers(0, 256, nb * f.block_bytes, dtype=np.uint8)
+    b = raw.view(f.layout).reshape(-1).copy()
+    for name in f.layout.names:
+        if f.layout[name].base == np.float16:
+            b[name] = (rng.uniform(0.002, 0.05, nb) * rng.choice([-1.0, 1.0], nb)).astype(np.float16)
+    return b
+
+
+def planar_bytes(fmt: str | Format, blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """The planar relayout (models/formats.planes) of `rows` rows of blocks, as bytes."""
+    f = _fmt(fmt)
+    blocks = np.ascontiguousarray(blocks).reshape(-1)
+    ps, total = planes(f, rows, k)
+    out = np.zeros(total, np.uint8)
+    for p in ps:
+        out[p.offset:p.offset + p.nbytes] = np.ascontiguousarray(blocks[p.name]).view(np.uint8).reshape(-1)
+    return out
+
+
+def random_weight(rng: np.random.Generator, fmt: str | Format, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(planar bytes, the exactly dequantized float32 matrix [n, k]) of a random weight."""
+    f = _fmt(fmt)
+    blocks = random_blocks(rng, f, n, k)
+    dense = dequantize(blocks.view(np.uint8).reshape(-1), f, (n, k))
+    return planar_bytes(f, blocks, n, k), dense
+
+
+def packed_buffer(fmt: str, rows: int, k: int, poison: bool = True) -> tuple[np.ndarray, Packed]:
+    """An arena-style packed activation buffer [rows, k]: (raw bytes, cpu_kernels.Packed view of them),
+    poisoned with 0xFF bytes (NaN halves and floats, -1 integers) or zeros."""
+    ps, size = planes(ACTIVATION_FORMATS[fmt.upper()], rows, k)
+    raw = np.full(size, 0xFF if poison else 0, np.uint8)
+    return raw, Packed(fmt, {p.name: raw[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape) for p in ps})
+
+
+def random_activation(rng: np.random.Generator, fmt: str, rows: int, k: int) -> tuple[np.ndarray, Any]:
+    """(the buffer a kernel reads, what the CPU twin reads) of random activations [rows, k]: random
+    fields that are consistent with each other (q8_1 sums, q8_k 16-value sums), or f16 rows."""
+    if fmt == "f16":
+        a = rng.standard_normal((rows, k)).astype(np.float16)
+        return a, a
+    buf, x = packed_buffer(fmt, rows, k, poison=False)
+    qs = rng.integers(-127, 128, x["qs"].shape).astype(np.int8)
+    x["qs"][...] = qs
+    if fmt == "q8_k":
+        x["d"][...] = (rng.uniform(0.004, 0.03, x["d"].shape) * rng.choice([-1.0, 1.0], x["d"].shape))
+        x["bsums"][...] = qs.reshape(rows, -1, 16, 16).astype(np.int32).sum(-1)
+    else:
+        x["d"][...] = rng.uniform(0.004, 0.03, x["d"].shape).astype(np.float16)
+        if fmt == "q8_1":
+            x["s"][...] = (x["d"].astype(np.float32) * qs.reshape(rows, -1, 32).astype(np.float32).sum(-1)).astype(
+                np.float16)
+    return buf, x
+
+
+def pack_activation(x: np.ndarray, fmt: str) -> tuple[np.ndarray, Any]:
+    """(the buffer a kernel reads, what the CPU twin reads) of real values x [rows, k]: f16 rows, or x
+    packed by the CPU twins' own packing (models/numerics.pack_blocks) into the field planes."""
+    if fmt == "f16":
+        a = x.astype(np.float16)
+        return a, a
+    raw, packed = packed_buffer(fmt, *x.shape, poison=False)
+    blocks = num.pack_blocks(x, fmt)
+    for name in blocks.dtype.names:
+        packed[name][...] = blocks[name]
+    return raw, packed
+
+
+def nmse(got: np.ndarray, want: np.ndarray) -> float:
+    """Normalized mean squared error sum((got - want)^2) / sum(want^2)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(((got - want) ** 2).sum() / max((want ** 2).sum(), 1e-300))
