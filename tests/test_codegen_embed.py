@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from conftest import require_compiler
 from kernel_emu import Emulator
 from kernel_inputs import planar_bytes, random_blocks
 from llmplan.codegen import build as build_mod
-from llmplan.codegen import toolchain
 from llmplan.codegen.families import embed
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -66,11 +66,11 @@ def test_every_format_builds(target):
         assert "fma.rn.f32" not in b.ptx and "fma.f32" not in b.ptx
 
 
-@pytest.mark.skipif(not toolchain.available(TARGETS["gfx942"]), reason="needs clang++-19")
 @pytest.mark.parametrize("target", ["gfx1151", "gfx942"])
 def test_no_float_fma_on_amd(target):
     """The dequantizers' `d * q - m` must not become an FMA (it would round once, NumPy rounds twice)."""
     t = TARGETS[target]
+    require_compiler(t)
     ks = catalog(t)
     with tempfile.TemporaryDirectory() as tmp:
         _, asm, _ = build_mod._compile_hip(build_mod.render(ks), t, Path(tmp))
