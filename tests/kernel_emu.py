@@ -38,8 +38,24 @@ MODES = {"plain": [], "mma": ["-DLP_EMU_MMA"], "wmma": ["-DLP_EMU_WMMA"]}
 _SCALARS = {"int": (ctypes.c_int, "i32"), "unsigned": (ctypes.c_uint, "i32"), "float": (ctypes.c_float, "f32")}
 
 
+def on_gpu() -> bool:
+    """LLMPLAN_KERNEL_RUNNER=cuda: the kernel tests run their launches on the local NVIDIA GPU."""
+    return os.environ.get("LLMPLAN_KERNEL_RUNNER") == "cuda"
+
+
 def have_compiler() -> bool:
-    return shutil.which(COMPILER) is not None
+    """Whether runner() can run kernels here: the GPU runner needs no host compiler."""
+    return on_gpu() or shutil.which(COMPILER) is not None
+
+
+def runner(kernels: list[Kernel], wave: int = 32, mode: str = "plain"):
+    """What the kernel tests launch through: the host emulator, or (on_gpu()) tests/cuda_runner.py's
+    CudaRunner, which has the same launch() and skips a wave width or fragment mode the GPU lacks."""
+    if on_gpu():
+        from cuda_runner import CudaRunner
+
+        return CudaRunner(kernels, wave, mode)
+    return Emulator(kernels, wave, mode)
 
 
 def _params(k: Kernel) -> list[str]:

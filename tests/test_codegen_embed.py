@@ -18,7 +18,7 @@ import pytest
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from conftest import require_compiler
-from kernel_emu import Emulator
+from kernel_emu import runner
 from kernel_inputs import planar_bytes, random_blocks
 from llmplan.codegen import build as build_mod
 from llmplan.codegen.families import embed
@@ -81,7 +81,7 @@ def test_no_float_fma_on_amd(target):
 
 @functools.cache
 def emu(wave: int):
-    return Emulator([embed.kernel(f) for f in embed.FORMATS], wave)
+    return runner([embed.kernel(f) for f in embed.FORMATS], wave)
 
 
 @needs_emulator

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import Emulator
+from kernel_emu import runner
 from kernel_inputs import nmse
 from llmplan.codegen.families import attention_prefill as attn
 from llmplan.codegen.kernel import Context
@@ -126,9 +126,9 @@ def test_every_member_builds(target):
 # --- numbers on the CPU ---------------------------------------------------------------------------
 
 @functools.cache
-def emulator(mode: str, wave: int) -> Emulator:
+def emulator(mode: str, wave: int):
     member = "rows" if mode == "plain" else "flash"
-    return Emulator([attn.kernel(member, d) for d in DIMS], wave, mode)
+    return runner([attn.kernel(member, d) for d in DIMS], wave, mode)
 
 
 def run(mode, d, heads, kv_heads, seq, pos, rng, window=0, ctx=96, slots=3, poison_tail=False, wave=32):

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from codegen_checks import needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import Emulator
+from kernel_emu import runner
 from kernel_inputs import nmse, pack_activation, random_weight
 from llmplan.codegen.families import gemm
 from llmplan.codegen.kernel import Context
@@ -48,8 +48,8 @@ def _kernels(mode: str) -> list:
 
 
 @functools.cache
-def emulator(mode: str) -> Emulator:
-    return Emulator(_kernels(mode), mode=mode)
+def emulator(mode: str):
+    return runner(_kernels(mode), mode=mode)
 
 
 def k_for(fmt: str) -> int:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import Emulator
+from kernel_emu import runner
 from kernel_inputs import nmse, random_activation, random_weight
 from llmplan.codegen.families import matvec
 from llmplan.codegen.kernel import Context
@@ -174,7 +174,7 @@ def emu(wave: int):
     ks += [matvec.kernel([f], True, 2, t) for f in matvec.FORMATS]
     ks += [matvec.kernel(s, False, 8, t) for s in SEGMENTS]
     ks += [matvec.kernel(["Q4_K"], False, c, t) for c in range(1, 9)]
-    return Emulator(ks, wave), t
+    return runner(ks, wave), t
 
 
 def k_for(fmt: str) -> int:

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import Emulator
+from kernel_emu import runner
 from kernel_inputs import planar_bytes, random_blocks, random_weight
 from llmplan.codegen.families import matvec, tail
 from llmplan.codegen.kernel import Context
@@ -106,7 +106,7 @@ def emu(wave: int):
     t = TARGETS["gfx942" if wave == 64 else "sm_90"]
     ks = [tail.pack_kernel(a) for a in tail.ACT_CODES] + [tail.reduce_kernel()]
     ks += [tail.logits_kernel(f, 3, t) for f in matvec.FORMATS] + [tail.logits_kernel("Q8_0", 8, t)]
-    return Emulator(ks, wave), t
+    return runner(ks, wave), t
 
 
 def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):

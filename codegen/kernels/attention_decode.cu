@@ -31,18 +31,11 @@
 #include "fused.cuh"
 
 // 8 halves in 4 words -> 8 floats
-__device__ __forceinline__ void lp_unpack_h8(const lp_u4& w, float* f) {
-  const uint32_t v[4] = {w.x, w.y, w.z, w.w};
+__device__ __forceinline__ void lp_unpack_h8(const lp_u4& v, float* f) {
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-#if defined(LP_CUDA)
-    const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&v[i]));
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-#else
-    f[2 * i] = (float)__builtin_bit_cast(_Float16, (uint16_t)(v[i] & 0xFFFFu));
-    f[2 * i + 1] = (float)__builtin_bit_cast(_Float16, (uint16_t)(v[i] >> 16));
-#endif
+    f[2 * i] = lp_half_lo(v.w[i]);
+    f[2 * i + 1] = lp_half_hi(v.w[i]);
   }
 }
 
@@ -53,6 +46,37 @@ template <int D> struct LpAttnShape {
   static constexpr int L = V8 <= 1 ? 1 : V8 <= 2 ? 2 : V8 <= 4 ? 4 : V8 <= 8 ? 8 : V8 <= 16 ? 16 : 32;
   static constexpr int C = (V8 + L - 1) / L;  // slices per lane
 };
+
+// f(g, c, dim) for each query head g < G and each slice c of this lane (lane li of its position group)
+// that lies in the head: dims dim .. dim + 7
+template <int D, int G, class F> __device__ __forceinline__ void lp_attn_slices(int li, F f) {
+  constexpr int L = LpAttnShape<D>::L, C = LpAttnShape<D>::C;
+  #pragma unroll
+  for (int g = 0; g < G; ++g) {
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int dim = (c * L + li) * 8;
+      if (dim < D) f(g, c, dim);
+    }
+  }
+}
+
+// U positions' K or V rows for this lane: slices c of positions n0 + pg + u * NG (u < U) of the rows at
+// base (kv_dim halves apart), zeros past position hi or the head
+template <int D, int U, int NG>
+__device__ __forceinline__ void lp_attn_load(const lp_half* base, size_t kv_dim, int n0, int pg, int li, int hi,
+                                             lp_u4 (&r)[U][LpAttnShape<D>::C]) {
+  constexpr int L = LpAttnShape<D>::L, C = LpAttnShape<D>::C;
+  #pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int n = n0 + pg + u * NG;
+    #pragma unroll
+    for (int c = 0; c < C; ++c) {
+      const int dim = (c * L + li) * 8;
+      r[u][c] = (n < hi && dim < D) ? lp_load16(base + (size_t)n * kv_dim + dim) : lp_zero16();
+    }
+  }
+}
 
 template <int D, int G, int CHUNK, int NT>
 __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half* __restrict__ cache,
@@ -90,39 +114,21 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
   const lp_half* kb = cache + (((size_t)layer * 2 * slots + slot) * ctx) * kv_dim + (size_t)kvh * D;
   const lp_half* vb = kb + (size_t)slots * ctx * kv_dim;
 
-  // this lane's query slices for the G heads, rounded to f16
-  float qv[G][C][8];
-  #pragma unroll
-  for (int g = 0; g < G; ++g) {
+  // this lane's query slices for the G heads, rounded to f16 (zeros past the head)
+  float qv[G][C][8] = {};
+  lp_attn_slices<D, G>(li, [&](int g, int c, int dim) {
+    const float* qp = q + ((size_t)r * heads + kvh * G + g) * D + dim;
+    const lp_f4 a = *(const lp_f4*)qp, b = *(const lp_f4*)(qp + 4);
+    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      const int dim = (c * L + li) * 8;
-      if (dim < D) {
-        const float* qp = q + ((size_t)r * heads + kvh * G + g) * D + dim;
-        const lp_f4 a = *(const lp_f4*)qp, b = *(const lp_f4*)(qp + 4);
-        const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) qv[g][c][e] = lp_f16_round(x[e]);
-      } else {
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) qv[g][c][e] = 0.0f;
-      }
-    }
-  }
+    for (int e = 0; e < 8; ++e) qv[g][c][e] = lp_f16_round(x[e]);
+  });
 
   // K pass: scores into shared memory. Loop bounds are block-uniform, so every lane reaches the shuffles.
   float* sc = smem;
   for (int n0 = lo; n0 < hi; n0 += NG * U) {
     lp_u4 kr[U][C];
-    #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int n = n0 + pg + u * NG;
-      #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        const int dim = (c * L + li) * 8;
-        kr[u][c] = (n < hi && dim < D) ? *(const lp_u4*)(kb + (size_t)n * kv_dim + dim) : lp_u4{0u, 0u, 0u, 0u};
-      }
-    }
+    lp_attn_load<D, U, NG>(kb, kv_dim, n0, pg, li, hi, kr);
     #pragma unroll
     for (int u = 0; u < U; ++u) {
       float dot[G];
@@ -185,15 +191,7 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
   }
   for (int n0 = lo; n0 < hi; n0 += NG * U) {
     lp_u4 vr[U][C];
-    #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int n = n0 + pg + u * NG;
-      #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        const int dim = (c * L + li) * 8;
-        vr[u][c] = (n < hi && dim < D) ? *(const lp_u4*)(vb + (size_t)n * kv_dim + dim) : lp_u4{0u, 0u, 0u, 0u};
-      }
-    }
+    lp_attn_load<D, U, NG>(vb, kv_dim, n0, pg, li, hi, vr);
     #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int n = n0 + pg + u * NG;
@@ -234,47 +232,26 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
     lp_sync();
     for (int half = NW / 2; half >= 1; half >>= 1) {
       if (w >= half && w < 2 * half && lane < L) {
-        #pragma unroll
-        for (int g = 0; g < G; ++g) {
+        lp_attn_slices<D, G>(lane, [&](int g, int c, int dim) {
           #pragma unroll
-          for (int c = 0; c < C; ++c) {
-            const int dim = (c * L + lane) * 8;
-            if (dim < D) {
-              #pragma unroll
-              for (int e = 0; e < 8; ++e) red[((w - half) * G + g) * D + dim + e] = acc[g][c][e];
-            }
-          }
-        }
+          for (int e = 0; e < 8; ++e) red[((w - half) * G + g) * D + dim + e] = acc[g][c][e];
+        });
       }
       lp_sync();
       if (w < half && lane < L) {
-        #pragma unroll
-        for (int g = 0; g < G; ++g) {
+        lp_attn_slices<D, G>(lane, [&](int g, int c, int dim) {
           #pragma unroll
-          for (int c = 0; c < C; ++c) {
-            const int dim = (c * L + lane) * 8;
-            if (dim < D) {
-              #pragma unroll
-              for (int e = 0; e < 8; ++e) acc[g][c][e] += red[(w * G + g) * D + dim + e];
-            }
-          }
-        }
+          for (int e = 0; e < 8; ++e) acc[g][c][e] += red[(w * G + g) * D + dim + e];
+        });
       }
       lp_sync();
     }
   }
   if (w == 0 && lane < L) {
-    #pragma unroll
-    for (int g = 0; g < G; ++g) {
+    lp_attn_slices<D, G>(lane, [&](int g, int c, int dim) {
       #pragma unroll
-      for (int c = 0; c < C; ++c) {
-        const int dim = (c * L + lane) * 8;
-        if (dim < D) {
-          #pragma unroll
-          for (int e = 0; e < 8; ++e) outp[g * hstride + dim + e] = acc[g][c][e];
-        }
-      }
-    }
+      for (int e = 0; e < 8; ++e) outp[g * hstride + dim + e] = acc[g][c][e];
+    });
   }
   if (lp_tid() < G) {
     outp[lp_tid() * hstride + D] = stat[lp_tid()];

@@ -1,10 +1,96 @@
-// common.cuh: what several kernel families share: field planes of packed activations, block
-// reductions, and packing a row to 8-bit blocks with exactly the CPU twins' rounding
+// common.cuh: what several kernel families share: 16-byte loads and stores, f16 bits as floats, float
+// operations never contracted into an FMA (where a kernel promises NumPy's float32 operation order),
+// the byte tricks that turn packed quants into int8 operands of lp_dot4, the K-quants' packed scales
+// (the mat-vec's and the GEMM's weight readers both unpack them), field planes of packed
+// activations, block reductions, and packing a row to 8-bit blocks with exactly the CPU twins' rounding
 // (models/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16 scale and round half to even;
 // q8_k takes the signed max of 256 values, iscale = -127/max, d = 1/iscale, with 16-value sums).
 #pragma once
 #include "vendor.h"
 #include <stdint.h>
+
+// 16 bytes as four 32-bit words, moved with one 128-bit load or store (the address 16-byte aligned)
+struct alignas(16) lp_u4 {
+  uint32_t w[4];
+};
+#if defined(LP_CUDA)
+__device__ __forceinline__ lp_u4 lp_load16(const void* p) {
+  const uint4 v = *(const uint4*)p;
+  return {{v.x, v.y, v.z, v.w}};
+}
+__device__ __forceinline__ void lp_store16(void* p, const lp_u4& v) {
+  *(uint4*)p = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
+}
+// an f16 value's bits as a float
+__device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+#else
+typedef uint32_t lp_u32x4 __attribute__((ext_vector_type(4)));
+__device__ __forceinline__ lp_u4 lp_load16(const void* p) {
+  const lp_u32x4 v = *(const lp_u32x4*)p;
+  return {{v.x, v.y, v.z, v.w}};
+}
+__device__ __forceinline__ void lp_store16(void* p, const lp_u4& v) {
+  lp_u32x4 t;
+  t.x = v.w[0]; t.y = v.w[1]; t.z = v.w[2]; t.w = v.w[3];
+  *(lp_u32x4*)p = t;
+}
+__device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return (float)__builtin_bit_cast(_Float16, b); }
+#endif
+__device__ __forceinline__ lp_u4 lp_zero16() { return {{0u, 0u, 0u, 0u}}; }
+
+// the low and the high f16 value of a 32-bit word, as floats
+__device__ __forceinline__ float lp_half_lo(uint32_t w) { return lp_bits_h2f((uint16_t)(w & 0xFFFFu)); }
+__device__ __forceinline__ float lp_half_hi(uint32_t w) { return lp_bits_h2f((uint16_t)(w >> 16)); }
+
+// Single IEEE operations that the compiler may not fuse with their neighbours (nvcc contracts a*b+c
+// into an FMA by default; clang's HIP default does too, except where a pragma says otherwise).
+#if defined(LP_CUDA)
+__device__ __forceinline__ float lp_mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float lp_add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float lp_sub_rn(float a, float b) { return __fsub_rn(a, b); }
+#else
+__device__ __forceinline__ float lp_mul_rn(float a, float b) {
+  #pragma clang fp contract(off)
+  return a * b;
+}
+__device__ __forceinline__ float lp_add_rn(float a, float b) {
+  #pragma clang fp contract(off)
+  return a + b;
+}
+__device__ __forceinline__ float lp_sub_rn(float a, float b) {
+  #pragma clang fp contract(off)
+  return a - b;
+}
+#endif
+
+// per byte x - c as int8, for bytes x in [0, 127 + c], c <= 128 (each byte is first lifted by
+// 128 - c, so no carry or borrow crosses a byte)
+__device__ __forceinline__ uint32_t lp_sub_bytes(uint32_t x, uint32_t c) {
+  return (x + 0x01010101u * (0x80u - c)) ^ 0x80808080u;
+}
+
+// bits 0..3 of x as bit 0 of bytes 0..3 (the four partial products cannot carry into each other)
+__device__ __forceinline__ uint32_t lp_bits4(uint32_t x) { return ((x & 0xFu) * 0x00204081u) & 0x01010101u; }
+
+// The K-quants' packed scales, from the block's 12 scale bytes byte(0..11) (read from a weight plane or
+// from registers):
+// Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) (models/formats.py k_scale_min)
+template <class B> __device__ __forceinline__ void lp_k_scale_min(B byte, int j, int& sc, int& mn) {
+  if (j < 4) {
+    sc = byte(j) & 63;
+    mn = byte(j + 4) & 63;
+  } else {
+    sc = (byte(j + 4) & 0x0F) | ((byte(j - 4) >> 6) << 4);
+    mn = (byte(j + 4) >> 4) | ((byte(j) >> 6) << 4);
+  }
+}
+
+// Q3_K: signed 6-bit scale of sub-block j (0..15) (models/formats.py q3k_scales)
+template <class B> __device__ __forceinline__ int lp_q3k_scale(B byte, int j) {
+  const int lo = j < 8 ? byte(j) & 0x0F : byte(j - 8) >> 4;
+  const int hi = (byte(8 + j % 4) >> (2 * (j / 4))) & 3;
+  return (lo | (hi << 4)) - 32;
+}
 
 // Planes start on 256-byte boundaries (models/formats.py PLANE_ALIGN).
 __device__ __forceinline__ size_t lp_align(size_t n) { return (n + 255) & ~(size_t)255; }

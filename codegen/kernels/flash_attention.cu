@@ -45,30 +45,15 @@ __device__ __forceinline__ unsigned lp_pack_h2(float lo, float hi) {
 #endif
 }
 
-__device__ __forceinline__ float lp_half_lo(unsigned w) {
-#if defined(LP_HIP)
-  return (float)__builtin_bit_cast(_Float16, (unsigned short)(w & 0xFFFFu));
-#else
-  return __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
-#endif
+#if defined(LP_WMMA)
+// 8 consecutive words of shared memory (16 f16 values) as a WMMA f16 operand
+__device__ __forceinline__ lp_v16h lp_words_h16(const unsigned* p) {
+  lp_v8i v;
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) v[j] = (int)p[j];
+  return __builtin_bit_cast(lp_v16h, v);
 }
-__device__ __forceinline__ float lp_half_hi(unsigned w) { return lp_half_lo(w >> 16); }
-
-struct alignas(16) lp_w4 {
-  unsigned w[4];
-};
-__device__ __forceinline__ lp_w4 lp_load16(const void* p) {
-  lp_w4 r;
-#if defined(LP_HIP)
-  typedef unsigned lp_v4u __attribute__((ext_vector_type(4)));
-  const lp_v4u v = *(const lp_v4u*)p;
-  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
-#else
-  const uint4 v = *(const uint4*)p;
-  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
 #endif
-  return r;
-}
 
 __device__ __forceinline__ int lp_wave_min_i(int v) {
   #pragma unroll
@@ -123,7 +108,7 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
     unsigned w[4] = {0u, 0u, 0u, 0u};
     if (v < RQ * G && row < rows) {  // two 16-byte loads of f32, rounded to f16 pairs
       const float* src = q + (size_t)row * qdim + (size_t)(kvh * G + v % G) * D + c * 8;
-      const lp_w4 lo = lp_load16(src), hi = lp_load16(src + 4);
+      const lp_u4 lo = lp_load16(src), hi = lp_load16(src + 4);
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         w[j] = lp_pack_h2(lp_as_float((int)lo.w[2 * j]), lp_as_float((int)lo.w[2 * j + 1]));
@@ -185,20 +170,15 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
       lp_sync();  // the previous tile is consumed
       for (int i = tid; i < BKV * (D / 8); i += THREADS) {
         const int r = i / (D / 8), c = i % (D / 8), p = j0 + r;
-        lp_w4 v;
-        if (p < hi_end) v = lp_load16(kbase + slot_off + (size_t)p * kvdim + c * 8);
-        else v.w[0] = v.w[1] = v.w[2] = v.w[3] = 0u;
+        const lp_u4 v = p < hi_end ? lp_load16(kbase + slot_off + (size_t)p * kvdim + c * 8) : lp_zero16();
         #pragma unroll
         for (int j = 0; j < 4; ++j) sk[r * QW + c * 4 + j] = v.w[j];
       }
       // V transposed: word pp of row d holds positions 2pp, 2pp + 1 (zeros past the range: P is 0 there)
       for (int i = tid; i < (BKV / 2) * (D / 8); i += THREADS) {
         const int pp = i % (BKV / 2), c = i / (BKV / 2), p = j0 + 2 * pp;
-        lp_w4 v0, v1;
-        if (p < hi_end) v0 = lp_load16(vbase + slot_off + (size_t)p * kvdim + c * 8);
-        else v0.w[0] = v0.w[1] = v0.w[2] = v0.w[3] = 0u;
-        if (p + 1 < hi_end) v1 = lp_load16(vbase + slot_off + (size_t)(p + 1) * kvdim + c * 8);
-        else v1.w[0] = v1.w[1] = v1.w[2] = v1.w[3] = 0u;
+        const lp_u4 v0 = p < hi_end ? lp_load16(vbase + slot_off + (size_t)p * kvdim + c * 8) : lp_zero16();
+        const lp_u4 v1 = p + 1 < hi_end ? lp_load16(vbase + slot_off + (size_t)(p + 1) * kvdim + c * 8) : lp_zero16();
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
           svt[(c * 8 + 2 * j) * VW + pp] = (v0.w[j] & 0xFFFFu) | (v1.w[j] << 16);
@@ -291,17 +271,10 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
       for (int i = 0; i < BKV / 16; ++i) st[i] = lp_v8f{0, 0, 0, 0, 0, 0, 0, 0};
       #pragma unroll 2
       for (int kd = 0; kd < D / 16; ++kd) {
-        lp_v8i bw;
+        const lp_v16h b = lp_words_h16(&sq[va * QW + kd * 8]);
         #pragma unroll
-        for (int j = 0; j < 8; ++j) bw[j] = (int)sq[va * QW + kd * 8 + j];
-        const lp_v16h b = __builtin_bit_cast(lp_v16h, bw);
-        #pragma unroll
-        for (int fi = 0; fi < BKV / 16; ++fi) {
-          lp_v8i aw;
-          #pragma unroll
-          for (int j = 0; j < 8; ++j) aw[j] = (int)sk[(fi * 16 + li) * QW + kd * 8 + j];
-          st[fi] = lp_wmma_f16(__builtin_bit_cast(lp_v16h, aw), b, st[fi]);
-        }
+        for (int fi = 0; fi < BKV / 16; ++fi)
+          st[fi] = lp_wmma_f16(lp_words_h16(&sk[(fi * 16 + li) * QW + kd * 8]), b, st[fi]);
       }
       const int vs = sslot[va], vf = sfirst[va], vp = spos[va];
       float mx = -__builtin_inff();
@@ -354,12 +327,8 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
         }
         const lp_v16h b = __builtin_bit_cast(lp_v16h, bw);
         #pragma unroll
-        for (int nd = 0; nd < D / 16; ++nd) {
-          lp_v8i aw;
-          #pragma unroll
-          for (int j = 0; j < 8; ++j) aw[j] = (int)svt[(nd * 16 + li) * VW + kk * 8 + j];
-          o[nd] = lp_wmma_f16(__builtin_bit_cast(lp_v16h, aw), b, o[nd]);
-        }
+        for (int nd = 0; nd < D / 16; ++nd)
+          o[nd] = lp_wmma_f16(lp_words_h16(&svt[(nd * 16 + li) * VW + kk * 8]), b, o[nd]);
       }
 #endif
     }
@@ -434,7 +403,7 @@ __device__ __forceinline__ void lp_attention_rows(const float* __restrict__ q, c
       float dot = 0.0f;
       #pragma unroll 4
       for (int c = 0; c < D / 8; ++c) {
-        const lp_w4 kw = lp_load16(kr + c * 8);
+        const lp_u4 kw = lp_load16(kr + c * 8);
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
           dot = __builtin_fmaf(sq[c * 8 + 2 * j], lp_half_lo(kw.w[j]), dot);

@@ -1,8 +1,6 @@
 // fused.cuh: what the decode step's small fused kernels share (attention_decode.cu, rope_kv.cu,
 // glu.cu, elementwise.cu), built on vendor.h and common.cuh only:
-//   - 16-byte vector types (8 halves, 4 floats, 4 words) for 128-bit loads and stores;
-//   - arithmetic that is never contracted into an FMA, where a kernel promises the exact float32
-//     operation order of a NumPy emulation (rope);
+//   - float vector types for 128-bit (4 floats) and 64-bit (2 floats) loads and stores;
 //   - activations without device libraries (AMD builds with -nogpulib): exp through lp_exp, tanh from
 //     exp or a short odd polynomial, each with its accuracy stated;
 //   - storing a tile of an output row in any activation format: 8-bit blocks through common.cuh's
@@ -10,35 +8,12 @@
 #pragma once
 #include "common.cuh"
 
-struct alignas(16) lp_h8 { lp_half h[8]; };     // 8 halves: one 128-bit load
-struct alignas(16) lp_f4 { float x, y, z, w; };  // 4 floats
-struct alignas(16) lp_u4 { uint32_t x, y, z, w; };
+struct alignas(16) lp_f4 { float x, y, z, w; };  // 4 floats: one 128-bit load or store
 struct alignas(8) lp_f2 { float x, y; };
 
 __device__ __forceinline__ float lp_inf() { return __builtin_inff(); }
 __device__ __forceinline__ bool lp_isfinite(float x) { return lp_abs(x) < __builtin_inff(); }  // false for NaN
 __device__ __forceinline__ float lp_f16_round(float x) { return lp_h2f(lp_f2h(x)); }
-
-// Single IEEE operations that the compiler may not fuse with their neighbours (nvcc contracts a*b+c
-// into an FMA by default; clang's HIP default does too, except where a pragma says otherwise).
-#if defined(LP_CUDA)
-__device__ __forceinline__ float lp_mul_rn(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float lp_add_rn(float a, float b) { return __fadd_rn(a, b); }
-__device__ __forceinline__ float lp_sub_rn(float a, float b) { return __fsub_rn(a, b); }
-#else
-__device__ __forceinline__ float lp_mul_rn(float a, float b) {
-  #pragma clang fp contract(off)
-  return a * b;
-}
-__device__ __forceinline__ float lp_add_rn(float a, float b) {
-  #pragma clang fp contract(off)
-  return a + b;
-}
-__device__ __forceinline__ float lp_sub_rn(float a, float b) {
-  #pragma clang fp contract(off)
-  return a - b;
-}
-#endif
 
 // --- activations (models/numerics.py computes them in float64 and rounds once; these are float32) ---
 //

@@ -36,63 +36,12 @@
 #include "common.cuh"
 #include "mma.cuh"
 
-// ---- 16-byte values ----------------------------------------------------------------------------
+// ---- bytes ------------------------------------------------------------------------------------
 
-struct alignas(16) lp_words4 {
-  unsigned w[4];
-};
-
-__device__ __forceinline__ lp_words4 lp_ld16(const void* p) {
-  lp_words4 r;
-#if defined(LP_HIP)
-  typedef unsigned lp_v4u __attribute__((ext_vector_type(4)));
-  const lp_v4u v = *(const lp_v4u*)p;
-  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
-#else
-  const uint4 v = *(const uint4*)p;
-  r.w[0] = v.x; r.w[1] = v.y; r.w[2] = v.z; r.w[3] = v.w;
-#endif
-  return r;
-}
-
-__device__ __forceinline__ void lp_st16(void* p, const lp_words4& v) {
-#if defined(LP_HIP)
-  typedef unsigned lp_v4u __attribute__((ext_vector_type(4)));
-  lp_v4u t;
-  t.x = v.w[0]; t.y = v.w[1]; t.z = v.w[2]; t.w = v.w[3];
-  *(lp_v4u*)p = t;
-#else
-  *(uint4*)p = make_uint4(v.w[0], v.w[1], v.w[2], v.w[3]);
-#endif
-}
-
-__device__ __forceinline__ lp_words4 lp_zero16() {
-  lp_words4 r;
-  r.w[0] = r.w[1] = r.w[2] = r.w[3] = 0u;
-  return r;
-}
-
-// bytes x in [0, 127 + c] -> x - c as int8, bytewise (no borrows between bytes)
-__device__ __forceinline__ unsigned lp_sub_bytes(unsigned v, unsigned c) {
-  return (v + 0x01010101u * (0x80u - c)) ^ 0x80808080u;
-}
-// bits 0..3 of h -> bit 0 of bytes 0..3
-__device__ __forceinline__ unsigned lp_spread4(unsigned h) { return (h * 0x00204081u) & 0x01010101u; }
 // byte i of the 12 bytes w0, w1, w2 (selects, not an indexed array: i may be a runtime value)
 __device__ __forceinline__ unsigned lp_byte(unsigned w0, unsigned w1, unsigned w2, int i) {
   const unsigned word = (i >> 2) == 0 ? w0 : ((i >> 2) == 1 ? w1 : w2);
   return (word >> (8 * (i & 3))) & 0xFFu;
-}
-
-// two f16 values packed in a word, as floats
-__device__ __forceinline__ void lp_h2f2(unsigned w, float& lo, float& hi) {
-#if defined(LP_HIP)
-  lo = (float)__builtin_bit_cast(_Float16, (unsigned short)(w & 0xFFFFu));
-  hi = (float)__builtin_bit_cast(_Float16, (unsigned short)(w >> 16));
-#else
-  lo = __half2float(__ushort_as_half((unsigned short)(w & 0xFFFFu)));
-  hi = __half2float(__ushort_as_half((unsigned short)(w >> 16)));
-#endif
 }
 
 // ---- weight formats ----------------------------------------------------------------------------
@@ -171,8 +120,8 @@ template <int TR, int TW, int F> struct LpGemmSmem {
 };
 
 struct LpTile {
-  lp_words4* w;
-  lp_words4* x;
+  lp_u4* w;
+  lp_u4* x;
   float* wsc;
   float* wmn;
   float* xd;
@@ -192,7 +141,7 @@ template <int F> struct LpWRaw32 {
   typedef LpW<F> T;
   static constexpr bool HI = F == LP_Q5_0 || F == LP_Q5_1;
   static constexpr bool MINF = F == LP_Q4_1 || F == LP_Q5_1;
-  lp_words4 qs[2];
+  lp_u4 qs[2];
   unsigned qh[2];
   float d[2], m[2];
   __device__ __forceinline__ void load(const LpWPlanes<F>& p, int row, int kt, int u, int nb, bool ok) {
@@ -204,20 +153,20 @@ template <int F> struct LpWRaw32 {
       d[i] = v ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
       m[i] = MINF && v ? lp_h2f(((const lp_half*)p.f[1])[blk]) : 0.0f;
       qh[i] = HI && v ? ((const unsigned*)p.f[MINF ? 2 : 1])[blk] : 0u;
-      qs[i] = v ? lp_ld16(p.f[T::NFIELD - 1] + blk * 16) : lp_zero16();
+      qs[i] = v ? lp_load16(p.f[T::NFIELD - 1] + blk * 16) : lp_zero16();
     }
   }
   __device__ __forceinline__ void store(const LpTile& t, int r, int u) const {
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int s = 2 * u + i;
-      lp_words4 lo, hi;
+      lp_u4 lo, hi;
       #pragma unroll
       for (int w = 0; w < 4; ++w) {
         unsigned l = qs[i].w[w] & 0x0F0F0F0Fu, h = (qs[i].w[w] >> 4) & 0x0F0F0F0Fu;
         if (HI) {  // bit j of qh is bit 4 of value j
-          l |= lp_spread4((qh[i] >> (4 * w)) & 15u) << 4;
-          h |= lp_spread4((qh[i] >> (16 + 4 * w)) & 15u) << 4;
+          l |= lp_bits4(qh[i] >> (4 * w)) << 4;
+          h |= lp_bits4(qh[i] >> (16 + 4 * w)) << 4;
         }
         if (!MINF) {  // Q4_0: q - 8, Q5_0: q - 16
           l = lp_sub_bytes(l, HI ? 16u : 8u);
@@ -226,8 +175,8 @@ template <int F> struct LpWRaw32 {
         lo.w[w] = l;
         hi.w[w] = h;
       }
-      lp_st16(&t.w[lp_chunk(r, 2 * s)], lo);
-      lp_st16(&t.w[lp_chunk(r, 2 * s + 1)], hi);
+      lp_store16(&t.w[lp_chunk(r, 2 * s)], lo);
+      lp_store16(&t.w[lp_chunk(r, 2 * s + 1)], hi);
       t.wsc[r * 4 + s] = d[i];
       if (MINF) t.wmn[r * 4 + s] = -m[i];  // value = d * q + m
     }
@@ -239,7 +188,7 @@ template <> struct LpWRaw<LP_Q5_0> : LpWRaw32<LP_Q5_0> {};
 template <> struct LpWRaw<LP_Q5_1> : LpWRaw32<LP_Q5_1> {};
 
 template <> struct LpWRaw<LP_Q8_0> {
-  lp_words4 qs[4];
+  lp_u4 qs[4];
   float d[2];
   __device__ __forceinline__ void load(const LpWPlanes<LP_Q8_0>& p, int row, int kt, int u, int nb, bool ok) {
     #pragma unroll
@@ -248,16 +197,16 @@ template <> struct LpWRaw<LP_Q8_0> {
       const bool v = ok && b < nb;
       const size_t blk = (size_t)row * nb + b;
       d[i] = v ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
-      qs[2 * i] = v ? lp_ld16(p.f[1] + blk * 32) : lp_zero16();
-      qs[2 * i + 1] = v ? lp_ld16(p.f[1] + blk * 32 + 16) : lp_zero16();
+      qs[2 * i] = v ? lp_load16(p.f[1] + blk * 32) : lp_zero16();
+      qs[2 * i + 1] = v ? lp_load16(p.f[1] + blk * 32 + 16) : lp_zero16();
     }
   }
   __device__ __forceinline__ void store(const LpTile& t, int r, int u) const {
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int s = 2 * u + i;
-      lp_st16(&t.w[lp_chunk(r, 2 * s)], qs[2 * i]);
-      lp_st16(&t.w[lp_chunk(r, 2 * s + 1)], qs[2 * i + 1]);
+      lp_store16(&t.w[lp_chunk(r, 2 * s)], qs[2 * i]);
+      lp_store16(&t.w[lp_chunk(r, 2 * s + 1)], qs[2 * i + 1]);
       t.wsc[r * 4 + s] = d[i];
     }
   }
@@ -268,7 +217,7 @@ template <> struct LpWRaw<LP_Q8_0> {
 // is bit 4 of value 32j + b.
 template <int F> struct LpWRawK45 {
   static constexpr bool HI = F == LP_Q5_K;
-  lp_words4 qs[2], qh[2];
+  lp_u4 qs[2], qh[2];
   unsigned sc0, sc1, sc2;
   float d, dmin;
   int r;
@@ -282,11 +231,11 @@ template <int F> struct LpWRawK45 {
     sc1 = ok ? scp[1] : 0u;
     sc2 = ok ? scp[2] : 0u;
     const uint8_t* q = p.f[HI ? 4 : 3] + blk * 128 + 32 * r;
-    qs[0] = ok ? lp_ld16(q) : lp_zero16();
-    qs[1] = ok ? lp_ld16(q + 16) : lp_zero16();
+    qs[0] = ok ? lp_load16(q) : lp_zero16();
+    qs[1] = ok ? lp_load16(q + 16) : lp_zero16();
     if (HI) {
-      qh[0] = ok ? lp_ld16(p.f[3] + blk * 32) : lp_zero16();
-      qh[1] = ok ? lp_ld16(p.f[3] + blk * 32 + 16) : lp_zero16();
+      qh[0] = ok ? lp_load16(p.f[3] + blk * 32) : lp_zero16();
+      qh[1] = ok ? lp_load16(p.f[3] + blk * 32 + 16) : lp_zero16();
     }
   }
   __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
@@ -295,24 +244,17 @@ template <int F> struct LpWRawK45 {
       const int j = 2 * r + half, s = 2 * u + half;
       #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        lp_words4 v;
+        lp_u4 v;
         #pragma unroll
         for (int w = 0; w < 4; ++w) {
           unsigned x = (qs[c].w[w] >> (4 * half)) & 0x0F0F0F0Fu;
           if (HI) x |= ((qh[c].w[w] >> j) & 0x01010101u) << 4;
           v.w[w] = x;
         }
-        lp_st16(&t.w[lp_chunk(row, 2 * s + c)], v);
+        lp_store16(&t.w[lp_chunk(row, 2 * s + c)], v);
       }
-      // models/formats.py k_scale_min: six-bit scales and mins of sub-block j
-      unsigned scv, mnv;
-      if (j < 4) {
-        scv = lp_byte(sc0, sc1, sc2, j) & 63u;
-        mnv = lp_byte(sc0, sc1, sc2, j + 4) & 63u;
-      } else {
-        scv = (lp_byte(sc0, sc1, sc2, j + 4) & 15u) | ((lp_byte(sc0, sc1, sc2, j - 4) >> 6) << 4);
-        mnv = (lp_byte(sc0, sc1, sc2, j + 4) >> 4) | ((lp_byte(sc0, sc1, sc2, j) >> 6) << 4);
-      }
+      int scv, mnv;
+      lp_k_scale_min([&](int i) { return (int)lp_byte(sc0, sc1, sc2, i); }, j, scv, mnv);
       t.wsc[row * 4 + s] = d * (float)scv;
       t.wmn[row * 4 + s] = dmin * (float)mnv;
     }
@@ -325,24 +267,24 @@ template <> struct LpWRaw<LP_Q5_K> : LpWRawK45<LP_Q5_K> {};
 // bits 2f, 2f + 1 of qh[32hh + b] above it, minus 32. Unit u takes bytes b in [16u, 16u + 16), i.e. the
 // four 16-value sub-blocks 2f + u of the tile.
 template <> struct LpWRaw<LP_Q6_K> {
-  lp_words4 a, b, h;
+  lp_u4 a, b, h;
   unsigned sc0, sc1;
   float d;
   __device__ __forceinline__ void load(const LpWPlanes<LP_Q6_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     const int hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
-    a = ok ? lp_ld16(p.f[0] + blk * 128 + 64 * hh + 16 * u) : lp_zero16();
-    b = ok ? lp_ld16(p.f[0] + blk * 128 + 64 * hh + 32 + 16 * u) : lp_zero16();
-    h = ok ? lp_ld16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
+    a = ok ? lp_load16(p.f[0] + blk * 128 + 64 * hh + 16 * u) : lp_zero16();
+    b = ok ? lp_load16(p.f[0] + blk * 128 + 64 * hh + 32 + 16 * u) : lp_zero16();
+    h = ok ? lp_load16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
     sc0 = ok ? ((const unsigned*)(p.f[2] + blk * 16 + 8 * hh))[0] : 0u;
     sc1 = ok ? ((const unsigned*)(p.f[2] + blk * 16 + 8 * hh))[1] : 0u;
   }
   __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
     #pragma unroll
     for (int f = 0; f < 4; ++f) {
-      const lp_words4& src = (f & 1) ? b : a;
-      lp_words4 v;
+      const lp_u4& src = (f & 1) ? b : a;
+      lp_u4 v;
       #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const unsigned nib = (src.w[w] >> (4 * (f >> 1))) & 0x0F0F0F0Fu;
@@ -350,7 +292,7 @@ template <> struct LpWRaw<LP_Q6_K> {
         v.w[w] = lp_sub_bytes(nib | hi, 32u);
       }
       const int s = 2 * f + u;
-      lp_st16(&t.w[lp_chunk(row, s)], v);
+      lp_store16(&t.w[lp_chunk(row, s)], v);
       t.wsc[row * 8 + s] = d * (float)(int8_t)lp_byte(sc0, sc1, 0u, s);
     }
   }
@@ -359,7 +301,7 @@ template <> struct LpWRaw<LP_Q6_K> {
 // Q3_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b], minus 4 where bit 4hh + f
 // of hmask[b] is clear. Unit u takes bytes b in [16u, 16u + 16): sub-blocks 2f + u of the tile.
 template <> struct LpWRaw<LP_Q3_K> {
-  lp_words4 q, hm;
+  lp_u4 q, hm;
   unsigned sc0, sc1, sc2;
   float d;
   int hh;
@@ -367,8 +309,8 @@ template <> struct LpWRaw<LP_Q3_K> {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
-    q = ok ? lp_ld16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
-    hm = ok ? lp_ld16(p.f[0] + blk * 32 + 16 * u) : lp_zero16();
+    q = ok ? lp_load16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
+    hm = ok ? lp_load16(p.f[0] + blk * 32 + 16 * u) : lp_zero16();
     const unsigned* scp = (const unsigned*)(p.f[2] + blk * 12);
     sc0 = ok ? scp[0] : 0u;
     sc1 = ok ? scp[1] : 0u;
@@ -377,7 +319,7 @@ template <> struct LpWRaw<LP_Q3_K> {
   __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
     #pragma unroll
     for (int f = 0; f < 4; ++f) {
-      lp_words4 v;
+      lp_u4 v;
       #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const unsigned low = (q.w[w] >> (2 * f)) & 0x03030303u;
@@ -385,12 +327,9 @@ template <> struct LpWRaw<LP_Q3_K> {
         v.w[w] = lp_sub_bytes(low | (hb << 2), 4u);
       }
       const int s = 2 * f + u;
-      lp_st16(&t.w[lp_chunk(row, s)], v);
-      // models/formats.py q3k_scales: sixteen 6-bit scales, stored + 32
-      const int i = 8 * hh + s;
-      const unsigned lo = i < 8 ? (lp_byte(sc0, sc1, sc2, i) & 15u) : (lp_byte(sc0, sc1, sc2, i - 8) >> 4);
-      const unsigned hi = (lp_byte(sc0, sc1, sc2, 8 + (i & 3)) >> (2 * (i >> 2))) & 3u;
-      t.wsc[row * 8 + s] = d * (float)((int)(lo | (hi << 4)) - 32);
+      lp_store16(&t.w[lp_chunk(row, s)], v);
+      const int sc = lp_q3k_scale([&](int i) { return (int)lp_byte(sc0, sc1, sc2, i); }, 8 * hh + s);
+      t.wsc[row * 8 + s] = d * (float)sc;
     }
   }
 };
@@ -398,7 +337,7 @@ template <> struct LpWRaw<LP_Q3_K> {
 // Q2_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b]; sub-block scale byte
 // 8hh + 2f + u: low nibble scale, high nibble min. Unit u takes bytes b in [16u, 16u + 16).
 template <> struct LpWRaw<LP_Q2_K> {
-  lp_words4 q;
+  lp_u4 q;
   unsigned sc0, sc1;
   float d, dmin;
   __device__ __forceinline__ void load(const LpWPlanes<LP_Q2_K>& p, int row, int kt, int u, int nb, bool ok) {
@@ -406,18 +345,18 @@ template <> struct LpWRaw<LP_Q2_K> {
     const int hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[2])[blk]) : 0.0f;
     dmin = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
-    q = ok ? lp_ld16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
+    q = ok ? lp_load16(p.f[1] + blk * 64 + 32 * hh + 16 * u) : lp_zero16();
     sc0 = ok ? ((const unsigned*)(p.f[0] + blk * 16 + 8 * hh))[0] : 0u;
     sc1 = ok ? ((const unsigned*)(p.f[0] + blk * 16 + 8 * hh))[1] : 0u;
   }
   __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
     #pragma unroll
     for (int f = 0; f < 4; ++f) {
-      lp_words4 v;
+      lp_u4 v;
       #pragma unroll
       for (int w = 0; w < 4; ++w) v.w[w] = (q.w[w] >> (2 * f)) & 0x03030303u;
       const int s = 2 * f + u;
-      lp_st16(&t.w[lp_chunk(row, s)], v);
+      lp_store16(&t.w[lp_chunk(row, s)], v);
       const unsigned scb = lp_byte(sc0, sc1, 0u, s);
       t.wsc[row * 8 + s] = d * (float)(scb & 15u);
       t.wmn[row * 8 + s] = dmin * (float)(scb >> 4);
@@ -427,15 +366,15 @@ template <> struct LpWRaw<LP_Q2_K> {
 
 // F16: the k-tile is 64 values; unit u is values 32u .. 32u + 31 (four chunks). nb is k here.
 template <> struct LpWRaw<LP_F16> {
-  lp_words4 v[4];
+  lp_u4 v[4];
   __device__ __forceinline__ void load(const LpWPlanes<LP_F16>& p, int row, int kt, int u, int nb, bool ok) {
     const uint8_t* base = p.f[0] + ((size_t)row * nb + kt * 64 + 32 * u) * 2;
     #pragma unroll
-    for (int c = 0; c < 4; ++c) v[c] = ok && kt * 64 + 32 * u + 8 * c < nb ? lp_ld16(base + 16 * c) : lp_zero16();
+    for (int c = 0; c < 4; ++c) v[c] = ok && kt * 64 + 32 * u + 8 * c < nb ? lp_load16(base + 16 * c) : lp_zero16();
   }
   __device__ __forceinline__ void store(const LpTile& t, int row, int u) const {
     #pragma unroll
-    for (int c = 0; c < 4; ++c) lp_st16(&t.w[lp_chunk(row, 4 * u + c)], v[c]);
+    for (int c = 0; c < 4; ++c) lp_store16(&t.w[lp_chunk(row, 4 * u + c)], v[c]);
   }
 };
 
@@ -448,7 +387,7 @@ struct LpXSrc {
 };
 
 template <int ACT, int SB, int XS> struct LpXRaw {
-  lp_words4 v[2];
+  lp_u4 v[2];
   float d;
   int bs;  // q8_k: two 16-value sums (int16 pair)
   __device__ __forceinline__ void load(const LpXSrc& x, int n, int kt, int q, int rows, int k) {
@@ -456,27 +395,27 @@ template <int ACT, int SB, int XS> struct LpXRaw {
     if (ACT == 3) {
       const int kk = kt * 64 + 16 * q;
       const uint8_t* p = (const uint8_t*)x.qs + ((size_t)n * k + kk) * 2;
-      v[0] = ok && kk < k ? lp_ld16(p) : lp_zero16();
-      v[1] = ok && kk + 8 < k ? lp_ld16(p + 16) : lp_zero16();
+      v[0] = ok && kk < k ? lp_load16(p) : lp_zero16();
+      v[1] = ok && kk + 8 < k ? lp_load16(p + 16) : lp_zero16();
     } else if (ACT == 2) {
       const size_t sb = (size_t)n * (k / 256) + (kt >> 1);
       const int8_t* p = x.qs + (size_t)n * k + kt * 128 + 32 * q;
-      v[0] = ok ? lp_ld16(p) : lp_zero16();
-      v[1] = ok ? lp_ld16(p + 16) : lp_zero16();
+      v[0] = ok ? lp_load16(p) : lp_zero16();
+      v[1] = ok ? lp_load16(p + 16) : lp_zero16();
       d = ok ? ((const float*)x.d)[sb] : 0.0f;
       bs = XS && ok ? ((const int*)x.bsums)[(sb * 16 + 8 * (kt & 1) + 2 * q) >> 1] : 0;
     } else {
       const int nb = k / 32, b = kt * 4 + q;
       const bool v_ok = ok && b < nb;
       const int8_t* p = x.qs + (size_t)n * k + (size_t)b * 32;
-      v[0] = v_ok ? lp_ld16(p) : lp_zero16();
-      v[1] = v_ok ? lp_ld16(p + 16) : lp_zero16();
+      v[0] = v_ok ? lp_load16(p) : lp_zero16();
+      v[1] = v_ok ? lp_load16(p + 16) : lp_zero16();
       d = v_ok ? lp_h2f(((const lp_half*)x.d)[(size_t)n * nb + b]) : 0.0f;
     }
   }
   __device__ __forceinline__ void store(const LpTile& t, int r, int q) const {
-    lp_st16(&t.x[lp_chunk(r, 2 * q)], v[0]);
-    lp_st16(&t.x[lp_chunk(r, 2 * q + 1)], v[1]);
+    lp_store16(&t.x[lp_chunk(r, 2 * q)], v[0]);
+    lp_store16(&t.x[lp_chunk(r, 2 * q + 1)], v[1]);
     if (ACT == 2) {
       if (q == 0) t.xd[r] = d;
       if (XS) {
@@ -545,9 +484,24 @@ __device__ __forceinline__ void lp_gemm_put(const LpGemmArgs& a, int seg, int co
   }
 }
 
-__device__ __forceinline__ int lp_tile_word(const lp_words4* tile, int row, int word) {
+__device__ __forceinline__ int lp_tile_word(const lp_u4* tile, int row, int word) {
   return (int)tile[lp_chunk(row, word >> 2)].w[word & 3];
 }
+
+#if defined(LP_WMMA)
+// chunk ch of a tile row (16 int8 values) as a WMMA iu8 operand
+__device__ __forceinline__ lp_v4i lp_tile_i8x16(const lp_u4* tile, int row, int ch) {
+  const lp_u4 v = tile[lp_chunk(row, ch)];
+  return lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
+}
+// chunks ch, ch + 1 of a tile row (16 f16 values) as a WMMA f16 operand
+__device__ __forceinline__ lp_v16h lp_tile_h16(const lp_u4* tile, int row, int ch) {
+  const lp_u4 lo = tile[lp_chunk(row, ch)], up = tile[lp_chunk(row, ch + 1)];
+  const lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
+                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
+  return __builtin_bit_cast(lp_v16h, v);
+}
+#endif
 
 // ---- compute: matrix cores ---------------------------------------------------------------------
 template <class C, int F>
@@ -663,21 +617,9 @@ __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C
     for (int s = 0; s < 4; ++s) {
       lp_v16h a[C::MF], b[C::NF];
       #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) {
-        const int row = rb + mi * 16 + li;
-        const lp_words4 lo = t.x[lp_chunk(row, 2 * s)], up = t.x[lp_chunk(row, 2 * s + 1)];
-        lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
-                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
-        a[mi] = __builtin_bit_cast(lp_v16h, v);
-      }
+      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_tile_h16(t.x, rb + mi * 16 + li, 2 * s);
       #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int col = wb + ni * 16 + li;
-        const lp_words4 lo = t.w[lp_chunk(col, 2 * s)], up = t.w[lp_chunk(col, 2 * s + 1)];
-        lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
-                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
-        b[ni] = __builtin_bit_cast(lp_v16h, v);
-      }
+      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_tile_h16(t.w, wb + ni * 16 + li, 2 * s);
       #pragma unroll
       for (int mi = 0; mi < C::MF; ++mi)
         #pragma unroll
@@ -707,15 +649,9 @@ __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C
       for (int k16 = 0; k16 < HALVES; ++k16) {
         const int ch = s * HALVES + k16;
         #pragma unroll
-        for (int mi = 0; mi < C::MF; ++mi) {
-          const lp_words4 v = t.x[lp_chunk(rb + mi * 16 + li, ch)];
-          a[mi][k16] = lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
-        }
+        for (int mi = 0; mi < C::MF; ++mi) a[mi][k16] = lp_tile_i8x16(t.x, rb + mi * 16 + li, ch);
         #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) {
-          const lp_words4 v = t.w[lp_chunk(wb + ni * 16 + li, ch)];
-          b[ni][k16] = lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
-        }
+        for (int ni = 0; ni < C::NF; ++ni) b[ni][k16] = lp_tile_i8x16(t.w, wb + ni * 16 + li, ch);
       }
       #pragma unroll
       for (int mi = 0; mi < C::MF; ++mi) {
@@ -778,22 +714,19 @@ __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C
   if constexpr (T::ACT == 3) {
     #pragma unroll 1
     for (int ch = 0; ch < 8; ++ch) {
-      lp_words4 b[C::DJ];
+      lp_u4 b[C::DJ];
       #pragma unroll
       for (int j = 0; j < C::DJ; ++j) b[j] = t.w[lp_chunk(tw + 16 * j, ch)];
       #pragma unroll
       for (int i = 0; i < C::DI; ++i) {
-        const lp_words4 av = t.x[lp_chunk(tr + C::RG * i, ch)];
+        const lp_u4 av = t.x[lp_chunk(tr + C::RG * i, ch)];
         #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          float a0, a1;
-          lp_h2f2(av.w[w], a0, a1);
+          const float a0 = lp_half_lo(av.w[w]), a1 = lp_half_hi(av.w[w]);
           #pragma unroll
           for (int j = 0; j < C::DJ; ++j) {
-            float b0, b1;
-            lp_h2f2(b[j].w[w], b0, b1);
             float& v = acc[i * C::DJ + j];
-            v = __builtin_fmaf(a1, b1, __builtin_fmaf(a0, b0, v));
+            v = __builtin_fmaf(a1, lp_half_hi(b[j].w[w]), __builtin_fmaf(a0, lp_half_lo(b[j].w[w]), v));
           }
         }
       }
@@ -809,12 +742,12 @@ __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C
         for (int j = 0; j < C::DJ; ++j) isum[i][j] = LP_I2F_MAGIC;
       #pragma unroll
       for (int c = 0; c < CH; ++c) {
-        lp_words4 b[C::DJ];
+        lp_u4 b[C::DJ];
         #pragma unroll
         for (int j = 0; j < C::DJ; ++j) b[j] = t.w[lp_chunk(tw + 16 * j, s * CH + c)];
         #pragma unroll
         for (int i = 0; i < C::DI; ++i) {
-          const lp_words4 av = t.x[lp_chunk(tr + C::RG * i, s * CH + c)];
+          const lp_u4 av = t.x[lp_chunk(tr + C::RG * i, s * CH + c)];
           #pragma unroll
           for (int j = 0; j < C::DJ; ++j)
             #pragma unroll
@@ -868,8 +801,8 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
   const int kt1 = SPLIT ? lp_min(nkt, kt0 + per) : nkt;
 
   LpTile t;
-  t.w = (lp_words4*)(smem + L::W);
-  t.x = (lp_words4*)(smem + L::X);
+  t.w = (lp_u4*)(smem + L::W);
+  t.x = (lp_u4*)(smem + L::X);
   t.wsc = (float*)(smem + L::WSC);
   t.wmn = (float*)(smem + L::WMN);
   t.xd = (float*)(smem + L::XD);

@@ -8,7 +8,7 @@
 //
 // Each LpWeight<F> has
 //   value(row, i)  element i of the row, dequantized with the same float32 operations in the same
-//                  order as models/formats.py's dequantizer (bit-exact; lp_mul keeps every product
+//                  order as models/formats.py's dequantizer (bit-exact; lp_mul_rn keeps every product
 //                  that feeds an add rounded on its own, as NumPy rounds it);
 //   dot<C>(row, p, x, ncols, acc)
 //                  one lane's share of the dot products of a weight row with C activation columns:
@@ -25,51 +25,14 @@
 #pragma once
 #include "common.cuh"
 
-// Names here are prefixed (LP_FMT_, LpWeight, lp_load_u4) so that this header can share a translation
-// unit with the other families' kernel sources, which define their own LP_Q4_K, LpW and lp_load16.
+// Names here are prefixed (LP_FMT_, LpWeight) so that this header can share a translation unit with
+// the other families' kernel sources, which define their own LP_Q4_K and LpW.
 enum LpWeightFormat { LP_FMT_F32, LP_FMT_F16, LP_FMT_BF16, LP_FMT_Q4_0, LP_FMT_Q4_1, LP_FMT_Q5_0, LP_FMT_Q5_1,
                       LP_FMT_Q8_0, LP_FMT_Q2_K, LP_FMT_Q3_K, LP_FMT_Q4_K, LP_FMT_Q5_K, LP_FMT_Q6_K };
 // activation formats: the first three are common.cuh's lp_q8_rows codes
 enum LpActFormat { LP_ACT_Q8_0 = 0, LP_ACT_Q8_1 = 1, LP_ACT_Q8_K = 2, LP_ACT_F16 = 3, LP_ACT_NONE = 4 };
 
-// --- vendor-specific pieces this header needs beyond vendor.h --------------------------------------
-
-// 16 bytes as four 32-bit words, read with one 128-bit load (p must be 16-byte aligned)
-struct LpU4 {
-  uint32_t v[4];
-};
-#if defined(LP_CUDA)
-__device__ __forceinline__ LpU4 lp_load_u4(const void* p) {
-  const uint4 u = *(const uint4*)p;
-  return {{u.x, u.y, u.z, u.w}};
-}
-// a float product rounded on its own: never contracted into an FMA with a following add
-__device__ __forceinline__ float lp_mul(float a, float b) { return __fmul_rn(a, b); }
-__device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return __half2float(__ushort_as_half(b)); }
-#else
-typedef uint32_t lp_u32x4_t __attribute__((ext_vector_type(4)));
-__device__ __forceinline__ LpU4 lp_load_u4(const void* p) {
-  const lp_u32x4_t u = *(const lp_u32x4_t*)p;
-  return {{u.x, u.y, u.z, u.w}};
-}
-__device__ __forceinline__ float lp_mul(float a, float b) {
-  #pragma clang fp contract(off)
-  return a * b;
-}
-__device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return (float)__builtin_bit_cast(_Float16, b); }
-#endif
-
-// --- byte tricks used to turn packed quants into int8 operands of lp_dot4 ---------------------------
-
-// per byte b - c as int8, for bytes b < 128 and c <= 128 (no borrow crosses a byte: each byte is
-// first lifted by 128)
-__device__ __forceinline__ uint32_t lp_sub8x4(uint32_t b, uint32_t c) {
-  return ((b | 0x80808080u) - c) ^ 0x80808080u;
-}
-
-// bits 0..3 of x as bit 0 of bytes 0..3 (the four partial products cannot carry into each other)
-__device__ __forceinline__ uint32_t lp_bits4(uint32_t x) { return ((x & 0xFu) * 0x00204081u) & 0x01010101u; }
-
+// lp_dot4 of the words common.cuh's byte tricks make
 __device__ __forceinline__ int lp_idot4(uint32_t a, uint32_t b, int c) { return lp_dot4((int)a, (int)b, c); }
 
 // --- field planes ---------------------------------------------------------------------------------
@@ -119,25 +82,11 @@ template <int ACT> __device__ __forceinline__ LpX lp_x(const void* base, int row
   return x;
 }
 
-// --- scale unpacking shared by several formats ----------------------------------------------------
-
-// Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) from the 12 scale bytes (formats.k_scale_min)
-__device__ __forceinline__ void lp_k_scale_min(const uint8_t* s, int j, int& sc, int& mn) {
-  if (j < 4) {
-    sc = s[j] & 63;
-    mn = s[j + 4] & 63;
-  } else {
-    sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
-    mn = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
-// Q3_K: signed 6-bit scale of sub-block j (0..15) from the 12 scale bytes (formats.q3k_scales)
-__device__ __forceinline__ int lp_q3k_scale(const uint8_t* s, int j) {
-  const int lo = j < 8 ? s[j] & 0x0F : s[j - 8] >> 4;
-  const int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-  return (lo | (hi << 4)) - 32;
-}
+// the 12 scale bytes of a K-quant block, for common.cuh's lp_k_scale_min / lp_q3k_scale
+struct LpScaleBytes {
+  const uint8_t* s;
+  __device__ int operator()(int i) const { return s[i]; }
+};
 
 // --- the formats ------------------------------------------------------------------------------------
 
@@ -169,22 +118,22 @@ template <> struct LpWeight<LP_FMT_F16> {
   __device__ float value(size_t row, int i) const { return lp_bits_h2f(v[row * k + i]); }
 
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
-    const LpU4 w = lp_load_u4(v + row * k + 8 * p);
+    const lp_u4 w = lp_load16(v + row * k + 8 * p);
     float wf[8];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      wf[2 * j] = lp_bits_h2f((uint16_t)w.v[j]);
-      wf[2 * j + 1] = lp_bits_h2f((uint16_t)(w.v[j] >> 16));
+      wf[2 * j] = lp_half_lo(w.w[j]);
+      wf[2 * j + 1] = lp_half_hi(w.w[j]);
     }
     #pragma unroll
     for (int c = 0; c < C; ++c) {
       if (c < ncols) {
-        const LpU4 a = lp_load_u4(x.h + (size_t)c * k + 8 * p);
+        const lp_u4 a = lp_load16(x.h + (size_t)c * k + 8 * p);
         float s = 0.0f;
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          s += wf[2 * j] * lp_bits_h2f((uint16_t)a.v[j]);
-          s += wf[2 * j + 1] * lp_bits_h2f((uint16_t)(a.v[j] >> 16));
+          s += wf[2 * j] * lp_half_lo(a.w[j]);
+          s += wf[2 * j + 1] * lp_half_hi(a.w[j]);
         }
         acc[c] += s;
       }
@@ -192,13 +141,43 @@ template <> struct LpWeight<LP_FMT_F16> {
   }
 };
 
+// The 32-value formats meet q8_0 / q8_1 activations block by block: acc[c] += the dot product of V
+// groups of 16 int8 weight values w[v] (the piece) with activation values 32 b + off + 16 v of column
+// c, scaled by the activation block's d and the weight's dw; MIN: plus the weight's min mw times the
+// exact sum of those activation values. (The q8_1 s plane is not read: its f16 sums are rounded.)
+template <int C, int V, bool MIN>
+__device__ __forceinline__ void lp_dot_block32(const LpX& x, int nb, int b, int off, const lp_u4 (&w)[V], float dw,
+                                               float mw, int ncols, float (&acc)[C]) {
+  #pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (c < ncols) {
+      const int8_t* xq = x.qs + (size_t)c * x.k + 32 * b + off;
+      lp_u4 a[V];
+      #pragma unroll
+      for (int v = 0; v < V; ++v) a[v] = lp_load16(xq + 16 * v);
+      int s = 0, xsum = 0;
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        #pragma unroll
+        for (int v = 0; v < V; ++v) {
+          s = lp_idot4(w[v].w[j], a[v].w[j], s);
+          if constexpr (MIN) xsum = lp_idot4(0x01010101u, a[v].w[j], xsum);
+        }
+      }
+      const float xd = lp_h2f(x.d[(size_t)c * nb + b]);
+      if constexpr (MIN) acc[c] += xd * (dw * (float)s + mw * (float)xsum);
+      else acc[c] += xd * dw * (float)s;
+    }
+  }
+}
+
 // Q8_0: d f16, qs[32] i8. x q8_0. A piece is half a block: 16 qs bytes; 2 lanes per block.
 template <> struct LpWeight<LP_FMT_Q8_0> {
   static constexpr int BLOCK = 32, PIECE = 16, ACT = LP_ACT_Q8_0;
   const lp_half* d;
   const int8_t* qs;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 32) {
+  int nb;  // blocks per row
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 32) {
     LpPlaneCursor c(base, rows, nb);
     d = c.next<lp_half>(2);
     qs = c.next<int8_t>(32);
@@ -210,203 +189,100 @@ template <> struct LpWeight<LP_FMT_Q8_0> {
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 2, h = p % 2;  // block b, values [16h, 16h + 16)
     const size_t blk = row * nb + b;
-    const LpU4 q = lp_load_u4(qs + blk * 32 + 16 * h);
-    const float dw = lp_h2f(d[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const LpU4 a = lp_load_u4(x.qs + (size_t)c * k + 32 * b + 16 * h);
-        int s = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) s = lp_idot4(q.v[j], a.v[j], s);
-        acc[c] += lp_h2f(x.d[(size_t)c * nb + b]) * dw * (float)s;
-      }
-    }
+    const lp_u4 q[1] = {lp_load16(qs + blk * 32 + 16 * h)};
+    lp_dot_block32<C, 1, false>(x, nb, b, 16 * h, q, lp_h2f(d[blk]), 0.0f, ncols, acc);
   }
 };
 
 // The 32-value formats with 4-bit (+1 high bit) quants: a piece is one block, its 16 qs bytes: low
 // nibbles are values 0..15, high nibbles values 16..31 (formats.nibbles(qs, 16)); the high bit of
 // value v is bit v of qh. Activations: the block's 32 int8 values, two 16-byte loads.
-// Q4_0: d f16, qs[16]: d * (q - 8). x q8_0.
-template <> struct LpWeight<LP_FMT_Q4_0> {
-  static constexpr int BLOCK = 32, PIECE = 32, ACT = LP_ACT_Q8_0;
-  const lp_half* d;
-  const uint8_t* qs;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 32) {
-    LpPlaneCursor c(base, rows, nb);
-    d = c.next<lp_half>(2);
-    qs = c.next<uint8_t>(16);
-  }
-  __device__ float value(size_t row, int i) const {
-    const size_t blk = row * nb + i / 32;
-    const int j = i % 32;
-    const int q = (j < 16 ? qs[blk * 16 + j] & 0xF : qs[blk * 16 + j - 16] >> 4) - 8;
-    return lp_h2f(d[blk]) * (float)q;
-  }
-  template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
-    const size_t blk = row * nb + p;
-    const LpU4 q = lp_load_u4(qs + blk * 16);
-    uint32_t lo[4], hi[4];  // values 4j.. and 16 + 4j.., as int8 q - 8
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      lo[j] = lp_sub8x4(q.v[j] & 0x0F0F0F0Fu, 0x08080808u);
-      hi[j] = lp_sub8x4((q.v[j] >> 4) & 0x0F0F0F0Fu, 0x08080808u);
-    }
-    const float dw = lp_h2f(d[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 32 * p;
-        const LpU4 a0 = lp_load_u4(xq), a1 = lp_load_u4(xq + 16);
-        int s = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) s = lp_idot4(hi[j], a1.v[j], lp_idot4(lo[j], a0.v[j], s));
-        acc[c] += lp_h2f(x.d[(size_t)c * nb + p]) * dw * (float)s;
-      }
-    }
-  }
-};
-
-// Q4_1: d f16, m f16, qs[16]: d * q + m. x q8_1; the min meets the exact sum of the block's x values.
-template <> struct LpWeight<LP_FMT_Q4_1> {
-  static constexpr int BLOCK = 32, PIECE = 32, ACT = LP_ACT_Q8_1;
-  const lp_half *d, *m;
-  const uint8_t* qs;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 32) {
-    LpPlaneCursor c(base, rows, nb);
-    d = c.next<lp_half>(2);
-    m = c.next<lp_half>(2);
-    qs = c.next<uint8_t>(16);
-  }
-  __device__ float value(size_t row, int i) const {
-    const size_t blk = row * nb + i / 32;
-    const int j = i % 32;
-    const int q = j < 16 ? qs[blk * 16 + j] & 0xF : qs[blk * 16 + j - 16] >> 4;
-    return lp_mul(lp_h2f(d[blk]), (float)q) + lp_h2f(m[blk]);
-  }
-  template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
-    const size_t blk = row * nb + p;
-    const LpU4 q = lp_load_u4(qs + blk * 16);
-    uint32_t lo[4], hi[4];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      lo[j] = q.v[j] & 0x0F0F0F0Fu;
-      hi[j] = (q.v[j] >> 4) & 0x0F0F0F0Fu;
-    }
-    const float dw = lp_h2f(d[blk]), mw = lp_h2f(m[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 32 * p;
-        const LpU4 a0 = lp_load_u4(xq), a1 = lp_load_u4(xq + 16);
-        int s = 0, xsum = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s = lp_idot4(hi[j], a1.v[j], lp_idot4(lo[j], a0.v[j], s));
-          xsum = lp_idot4(0x01010101u, a1.v[j], lp_idot4(0x01010101u, a0.v[j], xsum));
-        }
-        acc[c] += lp_h2f(x.d[(size_t)c * nb + p]) * (dw * (float)s + mw * (float)xsum);
-      }
-    }
-  }
-};
-
-// Q5_0: d f16, qh u32, qs[16]: d * ((nibble | high bit << 4) - 16). x q8_0.
-template <> struct LpWeight<LP_FMT_Q5_0> {
-  static constexpr int BLOCK = 32, PIECE = 32, ACT = LP_ACT_Q8_0;
-  const lp_half* d;
-  const uint32_t* qh;
-  const uint8_t* qs;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 32) {
-    LpPlaneCursor c(base, rows, nb);
-    d = c.next<lp_half>(2);
-    qh = c.next<uint32_t>(4);
-    qs = c.next<uint8_t>(16);
-  }
-  __device__ float value(size_t row, int i) const {
-    const size_t blk = row * nb + i / 32;
-    const int j = i % 32;
-    const int nib = j < 16 ? qs[blk * 16 + j] & 0xF : qs[blk * 16 + j - 16] >> 4;
-    const int q = (nib | (((qh[blk] >> j) & 1) << 4)) - 16;
-    return lp_h2f(d[blk]) * (float)q;
-  }
-  template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
-    const size_t blk = row * nb + p;
-    const LpU4 q = lp_load_u4(qs + blk * 16);
-    const uint32_t h = qh[blk];
-    uint32_t lo[4], hi[4];  // values 4j.. (high bits 4j..) and 16 + 4j.. (high bits 16 + 4j..)
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      lo[j] = lp_sub8x4((q.v[j] & 0x0F0F0F0Fu) | (lp_bits4(h >> (4 * j)) << 4), 0x10101010u);
-      hi[j] = lp_sub8x4(((q.v[j] >> 4) & 0x0F0F0F0Fu) | (lp_bits4(h >> (16 + 4 * j)) << 4), 0x10101010u);
-    }
-    const float dw = lp_h2f(d[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 32 * p;
-        const LpU4 a0 = lp_load_u4(xq), a1 = lp_load_u4(xq + 16);
-        int s = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) s = lp_idot4(hi[j], a1.v[j], lp_idot4(lo[j], a0.v[j], s));
-        acc[c] += lp_h2f(x.d[(size_t)c * nb + p]) * dw * (float)s;
-      }
-    }
-  }
-};
-
-// Q5_1: d f16, m f16, qh u32, qs[16]: d * (nibble | high bit << 4) + m. x q8_1.
-template <> struct LpWeight<LP_FMT_Q5_1> {
-  static constexpr int BLOCK = 32, PIECE = 32, ACT = LP_ACT_Q8_1;
+//   Q4_0: d f16, qs[16]: d * (q - 8). x q8_0.
+//   Q4_1: d f16, m f16, qs[16]: d * q + m. x q8_1; the min meets the exact sum of the block's x values.
+//   Q5_0: d f16, qh u32, qs[16]: d * ((nibble | high bit << 4) - 16). x q8_0.
+//   Q5_1: d f16, m f16, qh u32, qs[16]: d * (nibble | high bit << 4) + m. x q8_1.
+template <bool HI, bool MIN> struct LpWeight32 {
+  static constexpr int BLOCK = 32, PIECE = 32, ACT = MIN ? LP_ACT_Q8_1 : LP_ACT_Q8_0;
+  static constexpr uint32_t OFFSET = MIN ? 0 : (HI ? 16 : 8);  // subtracted from q where there is no min
   const lp_half *d, *m;
   const uint32_t* qh;
   const uint8_t* qs;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 32) {
+  int nb;  // blocks per row
+  __device__ LpWeight32(const void* base, int rows, int k) : nb(k / 32) {
     LpPlaneCursor c(base, rows, nb);
     d = c.next<lp_half>(2);
-    m = c.next<lp_half>(2);
-    qh = c.next<uint32_t>(4);
+    m = MIN ? c.next<lp_half>(2) : nullptr;
+    qh = HI ? c.next<uint32_t>(4) : nullptr;
     qs = c.next<uint8_t>(16);
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 32;
     const int j = i % 32;
-    const int nib = j < 16 ? qs[blk * 16 + j] & 0xF : qs[blk * 16 + j - 16] >> 4;
-    const int q = nib | (((qh[blk] >> j) & 1) << 4);
-    return lp_mul(lp_h2f(d[blk]), (float)q) + lp_h2f(m[blk]);
+    int q = j < 16 ? qs[blk * 16 + j] & 0xF : qs[blk * 16 + j - 16] >> 4;
+    if constexpr (HI) q |= ((qh[blk] >> j) & 1) << 4;
+    if constexpr (MIN) return lp_mul_rn(lp_h2f(d[blk]), (float)q) + lp_h2f(m[blk]);
+    else return lp_h2f(d[blk]) * (float)(q - (int)OFFSET);
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const size_t blk = row * nb + p;
-    const LpU4 q = lp_load_u4(qs + blk * 16);
-    const uint32_t h = qh[blk];
-    uint32_t lo[4], hi[4];
+    const lp_u4 q = lp_load16(qs + blk * 16);
+    const uint32_t h = HI ? qh[blk] : 0u;
+    lp_u4 v[2];  // values 4j.. and 16 + 4j.. (high bits 4j.. and 16 + 4j..), as int8 q - OFFSET
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      lo[j] = (q.v[j] & 0x0F0F0F0Fu) | (lp_bits4(h >> (4 * j)) << 4);
-      hi[j] = ((q.v[j] >> 4) & 0x0F0F0F0Fu) | (lp_bits4(h >> (16 + 4 * j)) << 4);
-    }
-    const float dw = lp_h2f(d[blk]), mw = lp_h2f(m[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 32 * p;
-        const LpU4 a0 = lp_load_u4(xq), a1 = lp_load_u4(xq + 16);
-        int s = 0, xsum = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s = lp_idot4(hi[j], a1.v[j], lp_idot4(lo[j], a0.v[j], s));
-          xsum = lp_idot4(0x01010101u, a1.v[j], lp_idot4(0x01010101u, a0.v[j], xsum));
-        }
-        acc[c] += lp_h2f(x.d[(size_t)c * nb + p]) * (dw * (float)s + mw * (float)xsum);
+      uint32_t lo = q.w[j] & 0x0F0F0F0Fu, hi = (q.w[j] >> 4) & 0x0F0F0F0Fu;
+      if constexpr (HI) {
+        lo |= lp_bits4(h >> (4 * j)) << 4;
+        hi |= lp_bits4(h >> (16 + 4 * j)) << 4;
       }
+      v[0].w[j] = OFFSET ? lp_sub_bytes(lo, OFFSET) : lo;
+      v[1].w[j] = OFFSET ? lp_sub_bytes(hi, OFFSET) : hi;
     }
+    lp_dot_block32<C, 2, MIN>(x, nb, p, 0, v, lp_h2f(d[blk]), MIN ? lp_h2f(m[blk]) : 0.0f, ncols, acc);
   }
 };
+template <> struct LpWeight<LP_FMT_Q4_0> : LpWeight32<false, false> {
+  using LpWeight32<false, false>::LpWeight32;
+};
+template <> struct LpWeight<LP_FMT_Q4_1> : LpWeight32<false, true> {
+  using LpWeight32<false, true>::LpWeight32;
+};
+template <> struct LpWeight<LP_FMT_Q5_0> : LpWeight32<true, false> {
+  using LpWeight32<true, false>::LpWeight32;
+};
+template <> struct LpWeight<LP_FMT_Q5_1> : LpWeight32<true, true> {
+  using LpWeight32<true, true>::LpWeight32;
+};
+
+// The K-quants meet q8_k activations super-block by super-block: acc[c] += the activation's scale times
+// (dd * sum over groups g < S of sc[g] * (the 16 int8 weight values word(g, 0..3) . activation values
+// 256 b + off + stride * g of column c) - dm * sum over g of mn[g] * the activation's 16-value sum
+// 16 b + bsum + 2 g of column c), the mins only where MIN.
+template <int C, int S, bool MIN, class Word>
+__device__ __forceinline__ void lp_dot_block256(const LpX& x, int nb, int b, int off, int stride, int bsum, Word word,
+                                                const int (&sc)[S], const int* mn, float dd, float dm, int ncols,
+                                                float (&acc)[C]) {
+  #pragma unroll
+  for (int c = 0; c < C; ++c) {
+    if (c < ncols) {
+      const int8_t* xq = x.qs + (size_t)c * x.k + 256 * b + off;
+      const int16_t* bs = x.bsums + (size_t)c * (x.k / 16) + 16 * b + bsum;
+      int isum = 0, msum = 0;
+      #pragma unroll
+      for (int g = 0; g < S; ++g) {
+        const lp_u4 a = lp_load16(xq + stride * g);
+        int dot = 0;
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) dot = lp_idot4(word(g, j), a.w[j], dot);
+        isum += sc[g] * dot;
+        if constexpr (MIN) msum += mn[g] * bs[2 * g];
+      }
+      const float dk = x.dk[(size_t)c * nb + b];
+      if constexpr (MIN) acc[c] += dk * (dd * (float)isum - dm * (float)msum);
+      else acc[c] += dk * (dd * (float)isum);
+    }
+  }
+}
 
 // Q2_K: scales[16], qs[64], d f16, dmin f16. Sub-block j (16 values): d * (scales[j] & 15) * q
 // - dmin * (scales[j] >> 4), q the 2-bit value: value 128G + 32s + i is bits 2s of qs[32G + i]
@@ -417,8 +293,8 @@ template <> struct LpWeight<LP_FMT_Q2_K> {
   static constexpr int BLOCK = 256, PIECE = 64, ACT = LP_ACT_Q8_K;
   const uint8_t *scales, *qs;
   const lp_half *d, *dmin;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 256) {
+  int nb;  // blocks per row
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
     LpPlaneCursor c(base, rows, nb);
     scales = c.next<uint8_t>(16);
     qs = c.next<uint8_t>(64);
@@ -429,15 +305,15 @@ template <> struct LpWeight<LP_FMT_Q2_K> {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256;
     const int sc = scales[blk * 16 + j / 16];
-    const float dl = lp_mul(lp_h2f(d[blk]), (float)(sc & 0xF));
-    const float ml = lp_mul(lp_h2f(dmin[blk]), (float)(sc >> 4));
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)(sc & 0xF));
+    const float ml = lp_mul_rn(lp_h2f(dmin[blk]), (float)(sc >> 4));
     const int q = (qs[blk * 64 + 32 * (j / 128) + j % 32] >> (2 * (j % 128 / 32))) & 3;
-    return lp_mul(dl, (float)q) - ml;
+    return lp_mul_rn(dl, (float)q) - ml;
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 4, l = p % 4, G = l / 2, h = l % 2;
     const size_t blk = row * nb + b;
-    const LpU4 q = lp_load_u4(qs + blk * 64 + 32 * G + 16 * h);
+    const lp_u4 q = lp_load16(qs + blk * 64 + 32 * G + 16 * h);
     int sc[4], mn[4];  // sub-block 8G + 2s + h
     #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -445,25 +321,10 @@ template <> struct LpWeight<LP_FMT_Q2_K> {
       sc[s] = v & 0xF;
       mn[s] = v >> 4;
     }
-    const float dd = lp_h2f(d[blk]), dm = lp_h2f(dmin[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 256 * b + 128 * G + 16 * h;
-        const int16_t* bs = x.bsums + (size_t)c * (k / 16) + 16 * b + 8 * G + h;  // + 2s: sub-block 8G + 2s + h
-        int isum = 0, msum = 0;
-        #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const LpU4 a = lp_load_u4(xq + 32 * s);
-          int dot = 0;
-          #pragma unroll
-          for (int j = 0; j < 4; ++j) dot = lp_idot4((q.v[j] >> (2 * s)) & 0x03030303u, a.v[j], dot);
-          isum += sc[s] * dot;
-          msum += mn[s] * bs[2 * s];
-        }
-        acc[c] += x.dk[(size_t)c * nb + b] * (dd * (float)isum - dm * (float)msum);
-      }
-    }
+    // value group s: the 2-bit values at bit 2s; the 16-value sums of sub-blocks 8G + 2s + h
+    lp_dot_block256<C, 4, true>(x, nb, b, 128 * G + 16 * h, 32, 8 * G + h,
+                                [&](int s, int j) { return (q.w[j] >> (2 * s)) & 0x03030303u; }, sc, mn,
+                                lp_h2f(d[blk]), lp_h2f(dmin[blk]), ncols, acc);
   }
 };
 
@@ -476,8 +337,8 @@ template <> struct LpWeight<LP_FMT_Q3_K> {
   static constexpr int BLOCK = 256, PIECE = 64, ACT = LP_ACT_Q8_K;
   const uint8_t *hmask, *qs, *scales;
   const lp_half* d;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 256) {
+  int nb;  // blocks per row
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
     LpPlaneCursor c(base, rows, nb);
     hmask = c.next<uint8_t>(32);
     qs = c.next<uint8_t>(64);
@@ -487,7 +348,7 @@ template <> struct LpWeight<LP_FMT_Q3_K> {
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256;
-    const float dl = lp_mul(lp_h2f(d[blk]), (float)lp_q3k_scale(scales + blk * 12, j / 16));
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)lp_q3k_scale(LpScaleBytes{scales + blk * 12}, j / 16));
     const int low = (qs[blk * 64 + 32 * (j / 128) + j % 32] >> (2 * (j % 128 / 32))) & 3;
     const int high = ((hmask[blk * 32 + j % 32] >> (j / 32)) & 1) ^ 1;  // a clear bit means "subtract 4"
     return dl * (float)(low - (high << 2));
@@ -495,37 +356,22 @@ template <> struct LpWeight<LP_FMT_Q3_K> {
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 4, l = p % 4, G = l / 2, h = l % 2;
     const size_t blk = row * nb + b;
-    const LpU4 q = lp_load_u4(qs + blk * 64 + 32 * G + 16 * h);
-    const LpU4 hm = lp_load_u4(hmask + blk * 32 + 16 * h);
+    const lp_u4 q = lp_load16(qs + blk * 64 + 32 * G + 16 * h);
+    const lp_u4 hm = lp_load16(hmask + blk * 32 + 16 * h);
     uint32_t w[4][4];  // [s][j]: values 128G + 32s + 16h + 4j.., as int8 (low | mask bit << 2) - 4
     int sc[4];
     #pragma unroll
     for (int s = 0; s < 4; ++s) {
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        const uint32_t low = (q.v[j] >> (2 * s)) & 0x03030303u;
-        const uint32_t bit = (hm.v[j] >> (4 * G + s)) & 0x01010101u;
-        w[s][j] = lp_sub8x4(low | (bit << 2), 0x04040404u);
+        const uint32_t low = (q.w[j] >> (2 * s)) & 0x03030303u;
+        const uint32_t bit = (hm.w[j] >> (4 * G + s)) & 0x01010101u;
+        w[s][j] = lp_sub_bytes(low | (bit << 2), 4u);
       }
-      sc[s] = lp_q3k_scale(scales + blk * 12, 8 * G + 2 * s + h);
+      sc[s] = lp_q3k_scale(LpScaleBytes{scales + blk * 12}, 8 * G + 2 * s + h);
     }
-    const float dd = lp_h2f(d[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 256 * b + 128 * G + 16 * h;
-        int isum = 0;
-        #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const LpU4 a = lp_load_u4(xq + 32 * s);
-          int dot = 0;
-          #pragma unroll
-          for (int j = 0; j < 4; ++j) dot = lp_idot4(w[s][j], a.v[j], dot);
-          isum += sc[s] * dot;
-        }
-        acc[c] += x.dk[(size_t)c * nb + b] * (dd * (float)isum);
-      }
-    }
+    lp_dot_block256<C, 4, false>(x, nb, b, 128 * G + 16 * h, 32, 0, [&](int s, int j) { return w[s][j]; }, sc,
+                                 nullptr, lp_h2f(d[blk]), 0.0f, ncols, acc);
   }
 };
 
@@ -540,8 +386,8 @@ template <bool Q5> struct LpWeightK45 {
   static constexpr int BLOCK = 256, PIECE = 32, ACT = LP_ACT_Q8_K;
   const lp_half *d, *dmin;
   const uint8_t *scales, *qh, *qs;
-  int k, nb;
-  __device__ LpWeightK45(const void* base, int rows, int k_) : k(k_), nb(k_ / 256) {
+  int nb;  // blocks per row
+  __device__ LpWeightK45(const void* base, int rows, int k) : nb(k / 256) {
     LpPlaneCursor c(base, rows, nb);
     d = c.next<lp_half>(2);
     dmin = c.next<lp_half>(2);
@@ -553,51 +399,37 @@ template <bool Q5> struct LpWeightK45 {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256;
     int sc, mn;
-    lp_k_scale_min(scales + blk * 12, j / 32, sc, mn);
-    const float dl = lp_mul(lp_h2f(d[blk]), (float)sc);
-    const float ml = lp_mul(lp_h2f(dmin[blk]), (float)mn);
+    lp_k_scale_min(LpScaleBytes{scales + blk * 12}, j / 32, sc, mn);
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)sc);
+    const float ml = lp_mul_rn(lp_h2f(dmin[blk]), (float)mn);
     int q = (qs[blk * 128 + 32 * (j / 64) + j % 32] >> (4 * (j % 64 / 32))) & 0xF;
     if (Q5) q |= ((qh[blk * 32 + j % 32] >> (j / 32)) & 1) << 4;
-    return lp_mul(dl, (float)q) - ml;
+    return lp_mul_rn(dl, (float)q) - ml;
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 8, l = p % 8, g = l / 2, h = l % 2;
     const size_t blk = row * nb + b;
-    const LpU4 q = lp_load_u4(qs + blk * 128 + 16 * l);
+    const lp_u4 q = lp_load16(qs + blk * 128 + 16 * l);
     uint32_t lo[4], hi[4];  // values 64g + 16h + 4j.. and 64g + 32 + 16h + 4j..
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      lo[j] = q.v[j] & 0x0F0F0F0Fu;
-      hi[j] = (q.v[j] >> 4) & 0x0F0F0F0Fu;
+      lo[j] = q.w[j] & 0x0F0F0F0Fu;
+      hi[j] = (q.w[j] >> 4) & 0x0F0F0F0Fu;
     }
     if constexpr (Q5) {
-      const LpU4 qb = lp_load_u4(qh + blk * 32 + 16 * h);
+      const lp_u4 qb = lp_load16(qh + blk * 32 + 16 * h);
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        lo[j] |= ((qb.v[j] >> (2 * g)) & 0x01010101u) << 4;
-        hi[j] |= ((qb.v[j] >> (2 * g + 1)) & 0x01010101u) << 4;
+        lo[j] |= ((qb.w[j] >> (2 * g)) & 0x01010101u) << 4;
+        hi[j] |= ((qb.w[j] >> (2 * g + 1)) & 0x01010101u) << 4;
       }
     }
-    int sc0, m0, sc1, m1;
-    lp_k_scale_min(scales + blk * 12, 2 * g, sc0, m0);
-    lp_k_scale_min(scales + blk * 12, 2 * g + 1, sc1, m1);
-    const float dd = lp_h2f(d[blk]), dm = lp_h2f(dmin[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 256 * b + 64 * g + 16 * h;
-        const int16_t* bs = x.bsums + (size_t)c * (k / 16) + 16 * b + 4 * g + h;
-        const LpU4 a0 = lp_load_u4(xq), a1 = lp_load_u4(xq + 32);
-        int s0 = 0, s1 = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s0 = lp_idot4(lo[j], a0.v[j], s0);
-          s1 = lp_idot4(hi[j], a1.v[j], s1);
-        }
-        const int isum = sc0 * s0 + sc1 * s1, msum = m0 * bs[0] + m1 * bs[2];
-        acc[c] += x.dk[(size_t)c * nb + b] * (dd * (float)isum - dm * (float)msum);
-      }
-    }
+    int sc[2], mn[2];  // sub-blocks 2g, 2g + 1
+    lp_k_scale_min(LpScaleBytes{scales + blk * 12}, 2 * g, sc[0], mn[0]);
+    lp_k_scale_min(LpScaleBytes{scales + blk * 12}, 2 * g + 1, sc[1], mn[1]);
+    lp_dot_block256<C, 2, true>(x, nb, b, 64 * g + 16 * h, 32, 4 * g + h,
+                                [&](int u, int j) { return u ? hi[j] : lo[j]; }, sc, mn, lp_h2f(d[blk]),
+                                lp_h2f(dmin[blk]), ncols, acc);
   }
 };
 template <> struct LpWeight<LP_FMT_Q4_K> : LpWeightK45<false> {
@@ -619,8 +451,8 @@ template <> struct LpWeight<LP_FMT_Q6_K> {
   const uint8_t *ql, *qh;
   const int8_t* scales;
   const lp_half* d;
-  int k, nb;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_), nb(k_ / 256) {
+  int nb;  // blocks per row
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
     LpPlaneCursor c(base, rows, nb);
     ql = c.next<uint8_t>(128);
     qh = c.next<uint8_t>(64);
@@ -630,7 +462,7 @@ template <> struct LpWeight<LP_FMT_Q6_K> {
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256, G = j / 128, r = j % 128;
-    const float dl = lp_mul(lp_h2f(d[blk]), (float)scales[blk * 16 + j / 16]);
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)scales[blk * 16 + j / 16]);
     const int nib = (ql[blk * 128 + 64 * G + r % 64] >> (4 * (r / 64))) & 0xF;
     const int high = (qh[blk * 64 + 32 * G + r % 32] >> (2 * (r / 32))) & 3;
     return dl * (float)((nib | (high << 4)) - 32);
@@ -638,30 +470,17 @@ template <> struct LpWeight<LP_FMT_Q6_K> {
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 8, l = p % 8, G = l / 4, u = l % 4, shift = 2 * (u / 2);
     const size_t blk = row * nb + b;
-    const LpU4 q = lp_load_u4(ql + blk * 128 + 64 * G + 16 * u);
-    const LpU4 hb = lp_load_u4(qh + blk * 64 + 32 * G + 16 * (u % 2));
+    const lp_u4 q = lp_load16(ql + blk * 128 + 64 * G + 16 * u);
+    const lp_u4 hb = lp_load16(qh + blk * 64 + 32 * G + 16 * (u % 2));
     uint32_t lo[4], hi[4];  // values 128G + 16u + 4j.. and 128G + 64 + 16u + 4j.., as int8 q - 32
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      lo[j] = lp_sub8x4((q.v[j] & 0x0F0F0F0Fu) | (((hb.v[j] >> shift) & 0x03030303u) << 4), 0x20202020u);
-      hi[j] = lp_sub8x4(((q.v[j] >> 4) & 0x0F0F0F0Fu) | (((hb.v[j] >> (shift + 4)) & 0x03030303u) << 4), 0x20202020u);
+      lo[j] = lp_sub_bytes((q.w[j] & 0x0F0F0F0Fu) | (((hb.w[j] >> shift) & 0x03030303u) << 4), 32u);
+      hi[j] = lp_sub_bytes(((q.w[j] >> 4) & 0x0F0F0F0Fu) | (((hb.w[j] >> (shift + 4)) & 0x03030303u) << 4), 32u);
     }
-    const int sc0 = scales[blk * 16 + 8 * G + u], sc1 = scales[blk * 16 + 8 * G + 4 + u];
-    const float dd = lp_h2f(d[blk]);
-    #pragma unroll
-    for (int c = 0; c < C; ++c) {
-      if (c < ncols) {
-        const int8_t* xq = x.qs + (size_t)c * k + 256 * b + 128 * G + 16 * u;
-        const LpU4 a0 = lp_load_u4(xq), a1 = lp_load_u4(xq + 64);
-        int s0 = 0, s1 = 0;
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          s0 = lp_idot4(lo[j], a0.v[j], s0);
-          s1 = lp_idot4(hi[j], a1.v[j], s1);
-        }
-        acc[c] += x.dk[(size_t)c * nb + b] * (dd * (float)(sc0 * s0 + sc1 * s1));
-      }
-    }
+    const int sc[2] = {scales[blk * 16 + 8 * G + u], scales[blk * 16 + 8 * G + 4 + u]};
+    lp_dot_block256<C, 2, false>(x, nb, b, 128 * G + 16 * u, 64, 0, [&](int v, int j) { return v ? hi[j] : lo[j]; },
+                                 sc, nullptr, lp_h2f(d[blk]), 0.0f, ncols, acc);
   }
 };
 
