@@ -62,7 +62,7 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "embed": lambda a, table, tokens: table[tokens],
     "rmsnorm": _rmsnorm,
     "pack": _pack,
-    "matmul": lambda a, x, w: x @ w.T,
+    "matmul": lambda a, x, w: num.matmul(x, w),
     "rope": _rope,
     "kv_store": _kv_store,
     "attention": _attention,
@@ -74,15 +74,15 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "softcap": lambda a, x: (np.tanh(x.astype(np.float64) / a["cap"]) * a["cap"]).astype(np.float32),
     "take_rows": lambda a, x, rows: x[rows],
     "rmsnorm_pack": lambda a, x, w: _pack(a, _rmsnorm(a, x, w)),
-    "matmul_segmented": lambda a, x, *ws: tuple(x @ w.T for w in ws),
+    "matmul_segmented": lambda a, x, *ws: tuple(num.matmul(x, w) for w in ws),
     "rope_kv": _rope_kv,
     "norm_rope_kv": _norm_rope_kv,
     "attention_partial": _attention_partial,
     "attention_reduce": lambda a, p: num.reduce_partials(p),
     "attention_reduce_pack": lambda a, p: _pack(a, num.reduce_partials(p)),
     "glu_pack": lambda a, g, u: _pack(a, num.ACTIVATIONS[a["act"]](g) * u),
-    "matmul_residual": lambda a, x, w, r: r + x @ w.T,
-    "tail_argmax": lambda a, x, n, w: np.argmax(_pack(a, _rmsnorm(a, x, n)) @ w.T, axis=-1).astype(np.int32),
+    "matmul_residual": lambda a, x, w, r: r + num.matmul(x, w),
+    "tail_argmax": lambda a, x, n, w: np.argmax(num.matmul(_pack(a, _rmsnorm(a, x, n)), w), axis=-1).astype(np.int32),
 }
 _IN_PLACE = {"kv_store": 0, "rope_kv": 5, "norm_rope_kv": 5}  # op -> operand it may update in place
 

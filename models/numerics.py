@@ -55,6 +55,28 @@ def silu(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 
 
+# --- projections -----------------------------------------------------------------------------------
+
+PANEL_BYTES = 4 << 20  # weight rows a panel of batched rows shares: about what stays in the last-level cache
+
+
+def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES) -> np.ndarray:
+    """x [rows, K] @ w[N, K].T in float32, every row its own matrix-vector product (BLAS sgemv: a row
+    alone takes the same path). BLAS's matrix-matrix kernels sum a row's products in an order that
+    depends on how many rows share the call, so a row's result would change with what is batched beside
+    it; here it never does, whatever the panel size (tests/test_numerics.py). Several rows go through w
+    one panel of rows at a time so that the panel is read from memory once for all of them."""
+    rows, n = x.shape[0], w.shape[0]
+    if rows == 1:
+        return x @ w.T
+    out = np.empty((rows, n), np.float32)
+    step = max(16, panel_bytes // max(1, w.shape[1] * w.itemsize)) // 16 * 16
+    x3 = x[:, None, :]
+    for a in range(0, n, step):
+        np.matmul(x3, w[a:a + step].T, out=out[:, None, a:a + step])
+    return out
+
+
 # --- activation packing --------------------------------------------------------------------------
 
 def pack_blocks(x: np.ndarray, fmt: str) -> np.ndarray:

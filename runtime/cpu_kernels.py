@@ -91,14 +91,14 @@ def pack(op, a, out, x):
 
 def matmul(op, a, out, x, *rest):
     """matmul / matmul_segmented / matmul_residual: the same dot products (float32 BLAS on the exactly
-    dequantized operands), with several weights or a residual to add."""
+    dequantized operands, each row alone: numerics.matmul), with several weights or a residual to add."""
     xv = _values(x)
     if op == "matmul_residual":
         w, r = rest
-        out[0][...] = r + xv @ w.T
+        out[0][...] = r + num.matmul(xv, w)
     else:  # matmul, matmul_segmented: one output per weight
         for w, o in zip(rest, out):
-            o[...] = xv @ w.T
+            o[...] = num.matmul(xv, w)
 
 
 def rope_kv(op, a, out, q, k, v, pos, seq, cache, *extra):
@@ -160,7 +160,7 @@ def take_rows(op, a, out, x, rows):
 def tail_argmax(op, a, out, x, norm, head):
     """Final norm, packing, output head and argmax: one int32 per row leaves the kernel."""
     xv = num.packed_values(num.rmsnorm(x, norm, a["eps"]), a["format"])
-    out[0][...] = np.argmax(xv @ head.T, axis=-1)
+    out[0][...] = np.argmax(num.matmul(xv, head), axis=-1)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

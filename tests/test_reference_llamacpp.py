@@ -152,7 +152,10 @@ def test_gemma3_capital_of_france(gemma3_path):
     case = json.loads((REFERENCE / "ref_gemma3-270m.json").read_text())["generate"][0]
     assert case["prompt"] == "The capital of France is"
     _, ids = ReferenceDecoder(prefill, decode, weight, 32).greedy(case["prompt_ids"], 16)
-    # " the capital of the country of France. It is the largest city in France." -- llama.cpp's words.
-    # Pinned: step 11 (llama.cpp's margin 0.03) can flip with any change in rounding; re-pin with care.
-    assert ids == [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 7488, 3207, 528, 7001, 236761]
-    assert ids == case["greedy_ids"][:16]
+    # llama.cpp: " the capital of the country of France. It is the largest city in France."; ours: "... It is
+    # the capital of the country of". Step 11 is a near tie (llama.cpp's margin 0.035) that rounding takes
+    # either way; the 11 tokens before it agree (step 4, margin 0.031, happens to go llama.cpp's way).
+    # Pinned: re-pin with care, and only for a change in rounding.
+    assert ids == [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 5279, 529, 506, 2891, 529]
+    assert case["top1_margin"][11] < 0.04
+    assert ids[:11] == case["greedy_ids"][:11]
