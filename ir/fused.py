@@ -28,39 +28,39 @@ def matmul_segmented(ts, a):
 
 
 def _rope_kv(ts, a, q_norm=None, k_norm=None):
-    q, k, v, pos, seq, cache = ts[:6]
-    factors = ts[6:]
+    q, k, v, pos, seq, pages, cache = ts[:7]
+    factors = ts[7:]
     rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"])
     if q_norm is not None:
         q = _prim("rmsnorm", [q, q_norm], eps=a["eps"])[0]
         k = _prim("rmsnorm", [k, k_norm], eps=a["eps"])[0]
     qr = _prim("rope", [q, pos, *factors], heads=a["heads"], **rope)[0]
     kr = _prim("rope", [k, pos, *factors], heads=a["kv_heads"], **rope)[0]
-    new_cache = _prim("kv_store", [cache, kr, v, seq, pos], layer=a["layer"])[0]
+    new_cache = _prim("kv_store", [cache, kr, v, seq, pages, pos], layer=a["layer"])[0]
     return qr, new_cache
 
 
 _ROPE_ATTRS = dict(heads="int", kv_heads="int", dims="int", base="float", scale="float", mode="str", layer="int")
 
 
-@op("q k v pos seq cache factors?", **_ROPE_ATTRS)
+@op("q k v pos seq pages cache factors?", **_ROPE_ATTRS)
 def rope_kv(ts, a):
-    """(rope(q), kv_store[layer](cache, rope(k), v, seq, pos)): rotary embedding of queries and keys
-    and the K/V cache write in one pass over the rows."""
+    """(rope(q), kv_store[layer](cache, rope(k), v, seq, pages, pos)): rotary embedding of queries and
+    keys and the K/V cache write in one pass over the rows."""
     return _rope_kv(ts, a)
 
 
-@op("q k v pos seq cache q_norm k_norm", eps="float", **_ROPE_ATTRS)
+@op("q k v pos seq pages cache q_norm k_norm", eps="float", **_ROPE_ATTRS)
 def norm_rope_kv(ts, a):
     """rope_kv with per-head RMSNorm of queries and keys first (Gemma 3):
-    (rope(rmsnorm(q, q_norm)), kv_store(cache, rope(rmsnorm(k, k_norm)), v, seq, pos))."""
-    return _rope_kv(ts[:6], a, q_norm=ts[6], k_norm=ts[7])
+    (rope(rmsnorm(q, q_norm)), kv_store(cache, rope(rmsnorm(k, k_norm)), v, seq, pages, pos))."""
+    return _rope_kv(ts[:7], a, q_norm=ts[7], k_norm=ts[8])
 
 
 _ATTN_ATTRS = dict(layer="int", heads="int", kv_heads="int", scale="float", window="int")
 
 
-@op("q cache seq pos", chunk="int", **_ATTN_ATTRS)
+@op("q cache seq pages pos", chunk="int", **_ATTN_ATTRS)
 def attention_partial(ts, a):
     """First half of split-context attention: for each row, head and `chunk`-position slice of the
     row's context, the slice's max score m, sum of exp(score - m), and exp-weighted sum of V (the

@@ -1,9 +1,9 @@
 """The reference interpreter: runs any graph with NumPy, the semantic ground truth for passes and kernels.
 
 Activations are float32 with the rounding of models/numerics.py (shared with the CPU backend), weights
-are dequantized float32 supplied by the caller, and the K/V cache is a contiguous f16 array [layers, 2,
-slots, ctx, kv features] updated in place when no later node still reads the old version. Correct and
-simple rather than fast.
+are dequantized float32 supplied by the caller, and the K/V cache is the paged f16 array [layers, 2,
+blocks, PAGE, kv features] (numerics.store_kv) updated in place when no later node still reads the old
+version. Correct and simple rather than fast.
 """
 
 from __future__ import annotations
@@ -32,30 +32,30 @@ def _pack(a, x):
     return num.packed_values(x, a["format"])
 
 
-def _kv_store(a, cache, k, v, seq, pos):
-    num.store_kv(cache, a["layer"], k, v, seq, pos)
+def _kv_store(a, cache, k, v, seq, pages, pos):
+    num.store_kv(cache, a["layer"], k, v, seq, pages, pos)
     return cache
 
 
-def _attention(a, q, cache, seq, pos):
-    return num.attention(q, cache, seq, pos, a["layer"], a["heads"], a["kv_heads"], a["scale"], a["window"])
+def _attention(a, q, cache, seq, pages, pos):
+    return num.attention(q, cache, seq, pages, pos, a["layer"], a["heads"], a["kv_heads"], a["scale"], a["window"])
 
 
 # --- fused ops: the compositions they stand for (see ir/fused.py) --------------------------------
 
-def _rope_kv(a, q, k, v, pos, seq, cache, factors=None):
+def _rope_kv(a, q, k, v, pos, seq, pages, cache, factors=None):
     qr = _rope({**a, "heads": a["heads"]}, q, pos, factors)
     kr = _rope({**a, "heads": a["kv_heads"]}, k, pos, factors)
-    return qr, _kv_store(a, cache, kr, v, seq, pos)
+    return qr, _kv_store(a, cache, kr, v, seq, pages, pos)
 
 
-def _norm_rope_kv(a, q, k, v, pos, seq, cache, q_norm, k_norm):
-    return _rope_kv(a, _rmsnorm(a, q, q_norm), _rmsnorm(a, k, k_norm), v, pos, seq, cache)
+def _norm_rope_kv(a, q, k, v, pos, seq, pages, cache, q_norm, k_norm):
+    return _rope_kv(a, _rmsnorm(a, q, q_norm), _rmsnorm(a, k, k_norm), v, pos, seq, pages, cache)
 
 
-def _attention_partial(a, q, cache, seq, pos):
-    return num.attention_partials(q, cache, seq, pos, a["layer"], a["heads"], a["kv_heads"], a["scale"], a["window"],
-                                  a["chunk"])
+def _attention_partial(a, q, cache, seq, pages, pos):
+    return num.attention_partials(q, cache, seq, pages, pos, a["layer"], a["heads"], a["kv_heads"], a["scale"],
+                                  a["window"], a["chunk"])
 
 
 IMPLS: dict[str, Callable[..., Any]] = {
@@ -84,7 +84,7 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "matmul_residual": lambda a, x, w, r: r + num.matmul(x, w),
     "tail_argmax": lambda a, x, n, w: np.argmax(num.matmul(_pack(a, _rmsnorm(a, x, n)), w), axis=-1).astype(np.int32),
 }
-_IN_PLACE = {"kv_store": 0, "rope_kv": 5, "norm_rope_kv": 5}  # op -> operand it may update in place
+_IN_PLACE = {"kv_store": 0, "rope_kv": 6, "norm_rope_kv": 6}  # op -> operand it may update in place
 
 
 def _bind(n: Node, arr: np.ndarray, sizes: dict[str, int]) -> None:

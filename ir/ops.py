@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from llmplan.models.numerics import PAGE
+
 from .errors import IRTypeError
 from .types import Dim, Type
 
@@ -159,14 +161,23 @@ def rope(ts, a):
 
 def _cache(t: Type, what: str) -> None:
     _dtype(t, "f16", what=what)
-    _rank(t, 5, what)  # [layers, 2 (K, V), slots, ctx, kv features]
+    _rank(t, 5, what)  # [layers, 2 (K, V), pages, PAGE positions, kv features]
+    _same(t.shape[3], PAGE, f"{what} positions per page")
 
 
-@op("cache k v seq pos", layer="int")
+def _pages(seq: Type, pages: Type, rows: Dim, what: str) -> None:
+    """seq[r]: row r's sequence, a row of the page table pages [seqs, pages per sequence]."""
+    _dtype(seq, "i32", what=f"{what} seq")
+    _same(seq.shape[0], rows, f"{what} seq vs rows")
+    _dtype(pages, "i32", what=f"{what} pages")
+    _rank(pages, 2, f"{what} pages")
+
+
+@op("cache k v seq pages pos", layer="int")
 def kv_store(ts, a):
-    """The cache with K row r and V row r written, rounded to f16, at [layer, slot seq[r], position
-    pos[r]]."""
-    cache, k, v, seq, pos = ts
+    """The cache with K row r and V row r written, rounded to f16, at position pos[r] of sequence
+    seq[r]: [layer, page pages[seq[r], pos[r] // PAGE], offset pos[r] % PAGE]."""
+    cache, k, v, seq, pages, pos = ts
     _cache(cache, "kv_store cache")
     _need(0 <= a["layer"] < cache.shape[0] if isinstance(cache.shape[0], int) else True,
           f"layer {a['layer']} outside the cache's {cache.shape[0]} layers")
@@ -174,23 +185,23 @@ def kv_store(ts, a):
         _dtype(t, "f32", what=f"kv_store {what}")
         _same(t.shape[1], cache.shape[4], f"kv_store {what} width vs cache")
         _same(t.shape[0], seq.shape[0], f"kv_store {what} rows vs seq")
-    _dtype(seq, "i32", what="kv_store seq")
+    _pages(seq, pages, k.shape[0], "kv_store")
     _dtype(pos, "i32", what="kv_store pos")
     return (cache,)
 
 
-@op("q cache seq pos", layer="int", heads="int", kv_heads="int", scale="float", window="int")
+@op("q cache seq pages pos", layer="int", heads="int", kv_heads="int", scale="float", window="int")
 def attention(ts, a):
-    """Causal attention of query row r (heads of q) over slot seq[r] of the cache's layer, positions
-    p <= pos[r] (and pos[r] - p < window when window > 0): softmax(q.K^T * scale) V, query heads
-    h reading K/V head h // (heads / kv_heads)."""
-    q, cache, seq, pos = ts
+    """Causal attention of query row r (heads of q) over sequence seq[r]'s positions p <= pos[r] (and
+    pos[r] - p < window when window > 0) in the cache's layer, read through its page table row:
+    softmax(q.K^T * scale) V, query heads h reading K/V head h // (heads / kv_heads)."""
+    q, cache, seq, pages, pos = ts
     _dtype(q, "f32", what="attention query")
     _cache(cache, "attention cache")
     h, kvh = a["heads"], a["kv_heads"]
     _need(kvh >= 1 and h % kvh == 0 and q.shape[1] % h == 0, f"attention heads {h}/{kvh} do not fit {q}")
     _same(q.shape[1] // h * kvh, cache.shape[4], "attention K/V width vs cache")
-    _same(seq.shape[0], q.shape[0], "attention seq vs rows")
+    _pages(seq, pages, q.shape[0], "attention")
     _same(pos.shape[0], q.shape[0], "attention pos vs rows")
     return (q,)
 

@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 
+from llmplan.models.numerics import PAGE
+
 from .graph import Graph
 from .interpret import Interpreter, WeightFn
 
 
 class ReferenceDecoder:
-    """Holds the K/V cache of a single sequence (slot 0) across a prefill graph and a decode graph."""
+    """Holds the K/V cache of a single sequence across a prefill graph and a decode graph: its pages are
+    the cache's blocks in order."""
 
     def __init__(self, prefill: Graph, decode: Graph, weight: WeightFn, ctx: int):
         self._prefill = Interpreter(prefill, weight)
         self._decode = Interpreter(decode, weight)
         t = next(n.types[0] for n in prefill.inputs if n.name == "cache")
-        self.cache = np.zeros((t.shape[0], 2, 1, ctx, t.shape[4]), np.float16)
+        blocks = -(-ctx // PAGE)
+        self.cache = np.zeros((t.shape[0], 2, blocks, PAGE, t.shape[4]), np.float16)
+        self.pages = np.arange(blocks, dtype=np.int32)[None, :]
         self.ctx, self.n_past = ctx, 0
 
     def _positions(self, n: int) -> np.ndarray:
@@ -29,14 +34,14 @@ class ReferenceDecoder:
         """Logits after the last token of `ids` (one chunk)."""
         n = len(ids)
         out = self._prefill.run({"tokens": np.asarray(ids, np.int32), "pos": self._positions(n),
-                                 "seq": np.zeros(n, np.int32), "last": np.array([n - 1], np.int32),
-                                 "cache": self.cache})
+                                 "seq": np.zeros(n, np.int32), "pages": self.pages,
+                                 "last": np.array([n - 1], np.int32), "cache": self.cache})
         self.cache = out["cache"]
         return out["logits"][0]
 
     def step(self, token: int) -> np.ndarray:
         out = self._decode.run({"tokens": np.array([token], np.int32), "pos": self._positions(1),
-                                "seq": np.zeros(1, np.int32), "cache": self.cache})
+                                "seq": np.zeros(1, np.int32), "pages": self.pages, "cache": self.cache})
         self.cache = out["cache"]
         return out["logits"][0]
 

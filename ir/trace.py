@@ -3,7 +3,8 @@
 A model definition (models/llama.py, models/gemma3.py) is ordinary Python that receives a Tracer as
 `nn` and calls `nn.rmsnorm(x, w, eps=...)`, `nn.matmul(x, w)` and every other op of the registry by
 name; each call types its result through the op's schema, so a mistake in a definition fails at the
-line that made it. The phase decides the graph's inputs (`nn.tokens`, `nn.pos`, `nn.seq`, `nn.cache`)
+line that made it. The phase decides the graph's inputs (`nn.tokens`, `nn.pos`, `nn.seq`, `nn.pages`,
+`nn.cache`)
 and what `nn.last_rows` does. Tracing runs once per (architecture, phase, weight table).
 """
 
@@ -13,6 +14,8 @@ from functools import lru_cache
 from typing import Any, Callable
 
 from .graph import Graph, Node, Value, make_node
+from llmplan.models.numerics import PAGE
+
 from .ops import ACTIVATION_FORMAT, REGISTRY, infer
 from .types import Dim, Type
 
@@ -47,6 +50,7 @@ class Tracer:
         self.tokens = self._input("tokens", Type("i32", (rows,)))
         self.pos = self._input("pos", Type("i32", (rows,)))
         self.seq = self._input("seq", Type("i32", (rows,)))
+        self.pages = self._input("pages", Type("i32", (1 if rows == 1 else "seqs", "pages")))
         self.last = self._input("last", Type("i32", ("seqs",))) if phase == "prefill" else None
         self.cache = self._input("cache", cache)
 
@@ -102,7 +106,7 @@ def _trace_cached(config, weights: tuple[tuple[str, Type], ...], phase: str) -> 
     from llmplan.models.architectures import definition
 
     c = config
-    cache = Type("f16", (c.n_layers, 2, "slots", "ctx", c.kv_dim))
+    cache = Type("f16", (c.n_layers, 2, "blocks", PAGE, c.kv_dim))
     nn = Tracer(c.arch, phase, dict(weights), cache)
     logits, cache_out = definition(c.arch)(nn, c)
     return nn.finish(logits=logits, cache=cache_out)

@@ -23,8 +23,8 @@ def decoder(nn, c: ModelConfig):
         q = nn.rope(q, nn.pos, heads=c.n_heads, **rope)
         k = nn.rope(k, nn.pos, heads=c.n_kv_heads, **rope)
         v = nn.matmul(h, w("attn_v"))
-        cache = nn.kv_store(cache, k, v, nn.seq, nn.pos, layer=i)
-        o = nn.attention(q, cache, nn.seq, nn.pos, layer=i, heads=c.n_heads, kv_heads=c.n_kv_heads,
+        cache = nn.kv_store(cache, k, v, nn.seq, nn.pages, nn.pos, layer=i)
+        o = nn.attention(q, cache, nn.seq, nn.pages, nn.pos, layer=i, heads=c.n_heads, kv_heads=c.n_kv_heads,
                          scale=c.attn_scale, window=c.swa_window if c.is_swa(i) else 0)
         o = nn.rmsnorm(nn.matmul(o, w("attn_output")), w("post_attention_norm"), eps=c.norm_eps)
         x = nn.add(x, o)

@@ -20,8 +20,8 @@ def decoder(nn, c: ModelConfig):
         q = nn.rope(nn.matmul(h, w("attn_q")), nn.pos, *factors, heads=c.n_heads, **rope)
         k = nn.rope(nn.matmul(h, w("attn_k")), nn.pos, *factors, heads=c.n_kv_heads, **rope)
         v = nn.matmul(h, w("attn_v"))
-        cache = nn.kv_store(cache, k, v, nn.seq, nn.pos, layer=i)
-        o = nn.attention(q, cache, nn.seq, nn.pos, layer=i, heads=c.n_heads, kv_heads=c.n_kv_heads,
+        cache = nn.kv_store(cache, k, v, nn.seq, nn.pages, nn.pos, layer=i)
+        o = nn.attention(q, cache, nn.seq, nn.pages, nn.pos, layer=i, heads=c.n_heads, kv_heads=c.n_kv_heads,
                          scale=c.attn_scale, window=0)
         x = nn.add(x, nn.matmul(o, w("attn_output")))
 

@@ -164,44 +164,54 @@ def first_position(p: int, window: int) -> int:
     return max(0, p - window + 1) if window > 0 else 0
 
 
-def store_kv(cache: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray, seq: np.ndarray, pos: np.ndarray) -> None:
-    """Write K and V rows, rounded to f16, at [layer, slot seq[r], position pos[r]] of the cache."""
-    cache[layer, 0, seq, pos] = k.astype(np.float16)
-    cache[layer, 1, seq, pos] = v.astype(np.float16)
+# The K/V cache is paged: cache [layers, 2, blocks, PAGE, kv features] holds PAGE positions of every
+# layer per block, and sequence s's position p lives in block pages[s, p // PAGE] at offset p % PAGE.
+PAGE = 16
+# `attention` rounds as split-context attention over SLICE-position slices does, so a row gets the same
+# bits whether a prefill chunk or a decode step computes it (passes/split_attention.py uses it too).
+SLICE = 256
 
 
-def _slice(qh, cache, layer, slot, lo, hi, scale):
+def store_kv(cache: np.ndarray, layer: int, k: np.ndarray, v: np.ndarray, seq: np.ndarray, pages: np.ndarray,
+             pos: np.ndarray) -> None:
+    """Write K and V rows, rounded to f16, at position pos[r] of sequence seq[r] (through its pages)."""
+    block, offset = pages[seq, pos // PAGE], pos % PAGE
+    cache[layer, 0, block, offset] = k.astype(np.float16)
+    cache[layer, 1, block, offset] = v.astype(np.float16)
+
+
+def _slice(qh, cache, layer, table, lo, hi, scale):
     kv_heads, _, d = qh.shape
-    k = cache[layer, 0, slot, lo:hi].astype(np.float32).reshape(-1, kv_heads, d)
-    v = cache[layer, 1, slot, lo:hi].astype(np.float32).reshape(-1, kv_heads, d)
+    p = np.arange(lo, hi)
+    block, offset = table[p // PAGE], p % PAGE
+    k = cache[layer, 0, block, offset].astype(np.float32).reshape(-1, kv_heads, d)
+    v = cache[layer, 1, block, offset].astype(np.float32).reshape(-1, kv_heads, d)
     return attend(qh, k, v, scale)
 
 
-def attention(q, cache, seq, pos, layer: int, heads: int, kv_heads: int, scale: float, window: int) -> np.ndarray:
-    """Causal attention of each query row over its slot's cache positions [first_position, pos[r]]."""
-    qh = query_heads(q, heads, kv_heads)
-    out = np.empty_like(q)
-    for r in range(q.shape[0]):
-        p = int(pos[r])
-        acc, _, total = _slice(qh[r], cache, layer, seq[r], first_position(p, window), p + 1, scale)
-        out[r] = (acc / total[:, None]).reshape(-1)
-    return out
+def attention(q, cache, seq, pages, pos, layer: int, heads: int, kv_heads: int, scale: float,
+              window: int) -> np.ndarray:
+    """Causal attention of each query row over its sequence's positions [first_position, pos[r]],
+    combined from SLICE-position slices exactly as split-context attention combines them."""
+    return reduce_partials(attention_partials(q, cache, seq, pages, pos, layer, heads, kv_heads, scale, window, SLICE))
 
 
-def attention_partials(q, cache, seq, pos, layer: int, heads: int, kv_heads: int, scale: float, window: int,
+def attention_partials(q, cache, seq, pages, pos, layer: int, heads: int, kv_heads: int, scale: float, window: int,
                        chunk: int) -> np.ndarray:
     """Split-context attention's partials [rows, heads, splits, d + 2]: per `chunk`-aligned slice of
-    positions, (exp-weighted V sum, max score, exp sum); unused slices hold (0, -inf, 0)."""
+    positions, (exp-weighted V sum, max score, exp sum); unused slices hold (0, -inf, 0). The splits
+    cover the positions pages can address."""
     qh = query_heads(q, heads, kv_heads)
     d = qh.shape[3]
-    out = np.zeros((q.shape[0], heads, -(-cache.shape[3] // chunk), d + 2), np.float32)
+    out = np.zeros((q.shape[0], heads, -(-pages.shape[1] * PAGE // chunk), d + 2), np.float32)
     out[..., d] = -np.inf
     for r in range(q.shape[0]):
         p = int(pos[r])
         first = first_position(p, window)
         for j in range(first // chunk, p // chunk + 1):
             lo, hi = max(first, j * chunk), min(p + 1, (j + 1) * chunk)
-            out[r, :, j, :d], out[r, :, j, d], out[r, :, j, d + 1] = _slice(qh[r], cache, layer, seq[r], lo, hi, scale)
+            out[r, :, j, :d], out[r, :, j, d], out[r, :, j, d + 1] = _slice(qh[r], cache, layer, pages[seq[r]], lo, hi,
+                                                                           scale)
     return out
 
 

@@ -3,11 +3,11 @@ per-head query/key norms first, where the architecture has them).
 
     %qr = rope[...] %q, %pos [, %factors]
     %kr = rope[...] %k, %pos [, %factors]
-    %c1 = kv_store[layer] %c0, %kr, %v, %seq, %pos
- => %qr, %c1 = rope_kv[...] %q, %k, %v, %pos, %seq, %c0 [, %factors]
+    %c1 = kv_store[layer] %c0, %kr, %v, %seq, %pages, %pos
+ => %qr, %c1 = rope_kv[...] %q, %k, %v, %pos, %seq, %pages, %c0 [, %factors]
 
 and with %q = rmsnorm %q0, @q_norm and %k = rmsnorm %k0, @k_norm before the ropes (Gemma 3):
- => %qr, %c1 = norm_rope_kv[..., eps] %q0, %k0, %v, %pos, %seq, %c0, @q_norm, @k_norm
+ => %qr, %c1 = norm_rope_kv[..., eps] %q0, %k0, %v, %pos, %seq, %pages, %c0, @q_norm, @k_norm
 
 Declined when the two ropes disagree on anything but their head count, or an intermediate value has
 another reader.
@@ -37,7 +37,7 @@ def run(g: Graph) -> tuple[Graph, list[str]]:
     for store in g.order:
         if store.op != "kv_store":
             continue
-        cache, kr, v, seq, pos = store.operands
+        cache, kr, v, seq, pages, pos = store.operands
         k_rope, q_rope = rw.producer(kr), _q_rope(rw, store)
         where = rw.layer(store)
         if k_rope.op != "rope" or q_rope is None:
@@ -60,11 +60,11 @@ def run(g: Graph) -> tuple[Graph, list[str]]:
         normed = (qn.op == kn.op == "rmsnorm" and qn.attr == kn.attr and rw.only_user(q, "rope")
                   and rw.only_user(k, "rope"))
         if normed:
-            operands = [qn.operands[0], kn.operands[0], v, pos, seq, cache, qn.operands[1], kn.operands[1]]
+            operands = [qn.operands[0], kn.operands[0], v, pos, seq, pages, cache, qn.operands[1], kn.operands[1]]
             fused = rw.emit("norm_rope_kv", operands, qn, eps=qn.attr["eps"], **attrs)
             pattern += [qn, kn]
         else:
-            fused = rw.emit("rope_kv", [q, k, v, pos, seq, cache, *q_rope.operands[2:]], q_rope, **attrs)
+            fused = rw.emit("rope_kv", [q, k, v, pos, seq, pages, cache, *q_rope.operands[2:]], q_rope, **attrs)
         rw.replace(q_rope.out, fused.out)
         rw.replace(store.out, Value(fused.id, 1))
         rw.drop(*pattern)

@@ -1,7 +1,7 @@
 """split-attention (canonicalization): in decode graphs, attention becomes split-context attention.
 
-    %o = attention[...] %q, %cache, %seq, %pos
- => %p = attention_partial[..., chunk=256] %q, %cache, %seq, %pos
+    %o = attention[...] %q, %cache, %seq, %pages, %pos
+ => %p = attention_partial[..., chunk=256] %q, %cache, %seq, %pages, %pos
     %o = attention_reduce %p
 
 A decode step has one query row per sequence but up to the whole context to read: one workgroup per
@@ -15,10 +15,12 @@ from __future__ import annotations
 
 from llmplan.ir.graph import Graph
 
+from llmplan.models.numerics import SLICE
+
 from .rewrite import Rewriter
 
 NAME = "split-attention"
-CHUNK = 256
+CHUNK = SLICE  # the slices the interpreter's attention rounds by: decode and prefill rows agree
 
 
 def run(g: Graph) -> tuple[Graph, list[str]]:

@@ -1,7 +1,7 @@
 """Lowering a fused graph to a launch list: one launch per node, each argument a reference the runtime
 can resolve without the IR.
 
-References: {"state": name} for step state (tokens, pos, seq, last), {"cache": 1} for the K/V planes,
+References: {"state": name} for step state (tokens, pos, seq, pages, last), {"cache": 1} for the K/V planes,
 {"weight": name} for a model tensor, {"buf": id} for an arena buffer; on GPU targets a kernel may also
 name a {"scratch": ...} buffer (codegen/kernel.py), placed in the arena here too. Each buffer has a
 dtype and a shape whose symbolic dimensions (rows, seqs, splits, ...) the runtime binds per step. A launch also
@@ -21,9 +21,6 @@ from llmplan.ir.types import Type
 from .buffers import Buffer, place, type_bytes
 from .catalog import choose
 from .devices import DeviceFacts
-
-STATE_INPUTS = ("tokens", "pos", "seq", "last")
-
 
 def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> dict[str, Any]:
     """The launch list, buffers and layout of one phase; `dims` bounds every symbolic dimension."""

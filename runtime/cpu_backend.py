@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.models.formats import ACTIVATION_FORMATS, planes
+from llmplan.models.numerics import PAGE
 
 from .cpu_kernels import KERNELS, Packed
 from .cpu_weights import CpuWeights
@@ -34,13 +35,13 @@ def _view(arena: np.ndarray, buf: dict[str, Any], dims: dict[str, int]) -> np.nd
 
 
 class CpuExecutor:
-    def __init__(self, body: dict[str, Any], limits: dict[str, int], weights: CpuWeights):
+    def __init__(self, body: dict[str, Any], kv_blocks: int, weights: CpuWeights):
+        """The K/V cache holds `kv_blocks` blocks of PAGE positions of every layer."""
         cfg = body["config"]
         self.phases = body["phases"]
         self.weights = weights
         self.arena = np.zeros(body["arena_bytes"], np.uint8)
-        self.cache = np.zeros((cfg["n_layers"], 2, limits["max_seqs"], limits["ctx"],
-                               cfg["n_kv_heads"] * cfg["head_dim"]), np.float16)
+        self.cache = np.zeros((cfg["n_layers"], 2, kv_blocks, PAGE, cfg["n_kv_heads"] * cfg["head_dim"]), np.float16)
         self.poison = False  # tests: fill buffers with NaN before each launch writes them
 
     def _arg(self, ref: dict[str, Any], family: str, state, views):
@@ -58,7 +59,7 @@ class CpuExecutor:
         copy them before the next run)."""
         p = self.phases[phase]
         rows = len(state["tokens"])
-        dims = dict(p["dims"], rows=rows, seqs=len(state["last"]) if "last" in state else rows)
+        dims = dict(p["dims"], rows=rows, seqs=len(state["pages"]), blocks=self.cache.shape[2])
         views = [_view(self.arena, b, dims) for b in p["buffers"]]
         for launch in p["launches"]:
             if not want.intersection(launch.get("serves", ())):

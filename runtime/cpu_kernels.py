@@ -2,7 +2,7 @@
 
 A kernel is called as kernel(op, attrs, outputs, *inputs), `op` naming the variant of the family;
 it reads its inputs and writes its outputs in place: arena views (f32 rows, 8-bit activation
-blocks as field planes, i32 tokens), the f16 K/V planes [layers, 2, slots, ctx, kv features],
+blocks as field planes, i32 tokens), the paged f16 K/V planes [layers, 2, blocks, PAGE, kv features],
 step state, and weights as the plan's residency says (float32 matrices for projections, mapped
 quantized rows for the embedding). Arithmetic is models/numerics.py's, shared with the IR's reference
 interpreter, so a plan run on the CPU gives the interpreter's numbers; GPU kernels are tested against
@@ -101,7 +101,7 @@ def matmul(op, a, out, x, *rest):
             o[...] = num.matmul(xv, w)
 
 
-def rope_kv(op, a, out, q, k, v, pos, seq, cache, *extra):
+def rope_kv(op, a, out, q, k, v, pos, seq, pages, cache, *extra):
     """rope_kv (extra = [factors]) and norm_rope_kv (extra = [q_norm, k_norm]): out[0] gets the roped
     queries; keys and values go to the cache, which is out[1] itself."""
     factors = None
@@ -111,20 +111,20 @@ def rope_kv(op, a, out, q, k, v, pos, seq, cache, *extra):
         factors = extra[0]
     rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"], factors=factors)
     out[0][...] = num.rope(q, pos, a["heads"], **rope)
-    num.store_kv(out[1], a["layer"], num.rope(k, pos, a["kv_heads"], **rope), v, seq, pos)
+    num.store_kv(out[1], a["layer"], num.rope(k, pos, a["kv_heads"], **rope), v, seq, pages, pos)
 
 
 _ATTN = ("layer", "heads", "kv_heads", "scale", "window")
 
 
-def attention(op, a, out, q, cache, seq, pos):
-    out[0][...] = num.attention(q, cache, seq, pos, *(a[k] for k in _ATTN))
+def attention(op, a, out, q, cache, seq, pages, pos):
+    out[0][...] = num.attention(q, cache, seq, pages, pos, *(a[k] for k in _ATTN))
 
 
-def attention_partial(op, a, out, q, cache, seq, pos):
+def attention_partial(op, a, out, q, cache, seq, pages, pos):
     """Split-context attention, first kernel: out[0] is [rows, heads, splits, d + 2] = (exp-weighted V
     sum, max score, exp sum) per slice of `chunk` positions."""
-    out[0][...] = num.attention_partials(q, cache, seq, pos, *(a[k] for k in _ATTN), a["chunk"])
+    out[0][...] = num.attention_partials(q, cache, seq, pages, pos, *(a[k] for k in _ATTN), a["chunk"])
 
 
 def attention_reduce(op, a, out, part):

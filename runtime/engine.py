@@ -13,6 +13,7 @@ import numpy as np
 
 from llmplan.models.errors import InputError
 from llmplan.models.gguf import GGUFFile
+from llmplan.models.numerics import PAGE
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.plans.devices import local_cpu
 from llmplan.plans.planfile import read_header, read_plan
@@ -38,7 +39,8 @@ class Engine:
         self.plan_path, self.header, self.body, self.model = plan_path, header, body, model
         self.limits = header["limits"]
         self.weights = weights
-        self.executor = CpuExecutor(body, self.limits, weights)
+        self.executor = CpuExecutor(body, self.limits["kv_blocks"], weights)
+        self.pages = np.arange(-(-self.limits["ctx"] // PAGE), dtype=np.int32)[None, :]
         self.tokenizer: Tokenizer = load_tokenizer(model)
         self.load_seconds = load_seconds
 
@@ -105,7 +107,8 @@ class Engine:
             part = np.asarray(ids[start:start + chunk], np.int32)
             last = start + chunk >= len(ids)
             state = {"tokens": part, "pos": np.arange(start, start + len(part), dtype=np.int32),
-                     "seq": np.zeros(len(part), np.int32), "last": np.array([len(part) - 1], np.int32)}
+                     "seq": np.zeros(len(part), np.int32), "pages": self.pages,
+                     "last": np.array([len(part) - 1], np.int32)}
             out = self.executor.run("prefill", state, {"cache", head} if last else {"cache"})
         return out
 
@@ -117,5 +120,5 @@ class Engine:
             if i + 1 == budget:
                 return
             state = {"tokens": np.array([token], np.int32), "pos": np.array([pos + i], np.int32),
-                     "seq": np.zeros(1, np.int32)}
+                     "seq": np.zeros(1, np.int32), "pages": self.pages}
             out = self.executor.run("decode", state, {"cache", head})

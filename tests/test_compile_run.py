@@ -99,7 +99,7 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     plan = tmp_path / "x.plan"
     code, out, _ = cli("compile", TINY_BPE, "-o", plan, "--ctx", "512", "--json")
     d = json.loads(out)
-    assert code == 0 and d["limits"] == {"ctx": 512, "chunk": 256, "max_seqs": 1}
+    assert code == 0 and d["limits"] == {"ctx": 512, "chunk": 256, "max_seqs": 1, "kv_blocks": 32}
     code, out, _ = cli("inspect", plan, "--json")
     s = json.loads(out)
     assert s["phases"]["decode"]["launches"] == 24 and s["weights"]["unpacked_at_load_bytes"] > 0

@@ -22,6 +22,7 @@ import pytest
 
 from llmplan.ir.interpret import IMPLS
 from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
+from llmplan.models.numerics import PAGE
 from llmplan.models.quantize import quantize
 from llmplan.plans.catalog import FAMILIES, FAMILY_OF_OP
 from llmplan.runtime.cpu_kernels import KERNELS, MappedRows, Packed
@@ -402,6 +403,31 @@ ROPE_CASES = [  # heads, kv_heads, head_dim, dims, mode, factors, scale
 ]
 
 
+def _page_table(rng, slots, ctx):
+    """Each of `slots` sequences' pages, for `ctx` positions, as blocks in a random order."""
+    n = -(-ctx // PAGE)
+    return rng.permutation(slots * n).astype(np.int32).reshape(slots, n)
+
+
+def _paged(logical, pages):
+    """A cache written as [layers, 2, slots, ctx, kv] (readable in tests) as the kernels' paged cache
+    [layers, 2, blocks, PAGE, kv] through the page table; positions past ctx are NaN."""
+    layers, _, slots, ctx, kv = logical.shape
+    n = pages.shape[1]
+    padded = np.full((layers, 2, slots, n * PAGE, kv), np.nan, logical.dtype)
+    padded[:, :, :, :ctx] = logical
+    paged = np.empty((layers, 2, slots * n, PAGE, kv), logical.dtype)
+    paged[:, :, pages.reshape(-1)] = padded.reshape(layers, 2, slots * n, PAGE, kv)
+    return paged
+
+
+def _logical(paged, pages, ctx):
+    """The inverse of _paged."""
+    layers, _, _, _, kv = paged.shape
+    slots, n = pages.shape
+    return paged[:, :, pages.reshape(-1)].reshape(layers, 2, slots, n * PAGE, kv)[:, :, :, :ctx]
+
+
 def _rope_inputs(rng, heads, kv_heads, d):
     layers, slots, ctx = 3, 3, 24
     seq = np.array([0, 2, 2, 2, 1], np.int32)
@@ -412,19 +438,22 @@ def _rope_inputs(rng, heads, kv_heads, d):
     return q, k, v, pos, seq, cache
 
 
-def _check_rope_kv(op, a, q, k, v, pos, seq, cache, extra):
-    layer = a["layer"]
+def _check_rope_kv(op, a, q, k, v, pos, seq, cache, extra, rng):
+    layer, ctx = a["layer"], cache.shape[3]
     before = cache.copy()
     for kv in (0, 1):  # poison the cells the kernel must write
         cache[layer, kv, seq, pos] = np.nan
-    ref_cache = before.copy()
+    pages = _page_table(rng, cache.shape[2], ctx)
+    paged, ref_cache = _paged(cache, pages), _paged(before, pages)
     out = poisoned(q.shape, F32)
-    run(op, a, [out, cache], q, k, v, pos, seq, cache, *extra)
+    run(op, a, [out, paged], q, k, v, pos, seq, pages, paged, *extra)
     assert_written(out)
+    cache = _logical(paged, pages, ctx)
     assert not np.isnan(cache).any(), "cache cells left unwritten"
-    want_q, want_cache = IMPLS[op](a, q, k, v, pos, seq, ref_cache, *extra)
+    want_q, want_cache = IMPLS[op](a, q, k, v, pos, seq, pages, ref_cache, *extra)
     assert_same(out, want_q)
-    np.testing.assert_array_equal(cache.view(U16), want_cache.view(U16))
+    np.testing.assert_array_equal(paged.view(U16), want_cache.view(U16))
+    np.testing.assert_array_equal(_logical(want_cache, pages, ctx).view(U16), cache.view(U16))
     # side effects: exactly the [layer, K/V, seq[r], pos[r]] cells changed, holding f16 roped K and f16 V
     written = np.zeros(cache.shape[:4], bool)
     written[layer, :, seq, pos] = True
@@ -441,7 +470,7 @@ def test_rope_kv(rng, heads, kv_heads, d, dims, mode, with_factors, scale):
     q, k, v, pos, seq, cache = _rope_inputs(rng, heads, kv_heads, d)
     a = {"heads": heads, "kv_heads": kv_heads, "dims": dims, "base": 10000.0, "scale": scale, "mode": mode, "layer": 1}
     extra = [rng.uniform(1.0, 8.0, dims // 2).astype(F32)] if with_factors else []
-    _check_rope_kv("rope_kv", a, q, k, v, pos, seq, cache, extra)
+    _check_rope_kv("rope_kv", a, q, k, v, pos, seq, cache, extra, rng)
 
 
 @pytest.mark.parametrize("heads,kv_heads,d,dims,mode", [(4, 1, 32, 32, "neox"), (4, 2, 16, 16, "norm")])
@@ -450,7 +479,7 @@ def test_norm_rope_kv(rng, heads, kv_heads, d, dims, mode):
     q, k = q * 4, k * 4
     a = {"heads": heads, "kv_heads": kv_heads, "dims": dims, "base": 1e6, "scale": 1.0, "mode": mode, "layer": 2,
          "eps": 1e-6}
-    _check_rope_kv("norm_rope_kv", a, q, k, v, pos, seq, cache, [normal(rng, d), normal(rng, d)])
+    _check_rope_kv("norm_rope_kv", a, q, k, v, pos, seq, cache, [normal(rng, d), normal(rng, d)], rng)
 
 
 # --- attention -------------------------------------------------------------------------------------
@@ -476,7 +505,8 @@ def _attention_inputs(rng, case):
         readable[layer, :, s, lo:p + 1] = True
     cache[~readable] = np.nan
     a = {"layer": layer, "heads": heads, "kv_heads": kv_heads, "scale": float(d ** -0.5), "window": window}
-    return a, chunk, q, cache, seq, pos
+    pages = _page_table(rng, slots, ctx)
+    return a, chunk, q, cache, _paged(cache, pages), seq, pages, pos
 
 
 def _naive_attention(q, cache, seq, pos, layer, heads, kv_heads, scale, window):
@@ -498,30 +528,30 @@ def _naive_attention(q, cache, seq, pos, layer, heads, kv_heads, scale, window):
 
 @pytest.mark.parametrize("case", ATTN_CASES)
 def test_attention(rng, case):
-    a, _, q, cache, seq, pos = _attention_inputs(rng, case)
+    a, _, q, cache, paged, seq, pages, pos = _attention_inputs(rng, case)
     out = poisoned(q.shape, F32)
-    run("attention", a, [out], q, cache, seq, pos)
+    run("attention", a, [out], q, paged, seq, pages, pos)
     assert_written(out)
-    assert_same(out, IMPLS["attention"](a, q, cache, seq, pos))  # shared numerics.attention
+    assert_same(out, IMPLS["attention"](a, q, paged, seq, pages, pos))  # shared numerics.attention
     assert_close(out, _naive_attention(q, cache, seq, pos, **a), ORDER)
 
 
 @pytest.mark.parametrize("case", ATTN_CASES)
 def test_attention_partial_and_reduce(rng, case):
-    a, chunk, q, cache, seq, pos = _attention_inputs(rng, case)
-    heads, d, splits = a["heads"], q.shape[1] // a["heads"], -(-cache.shape[3] // chunk)
+    a, chunk, q, cache, paged, seq, pages, pos = _attention_inputs(rng, case)
+    heads, d, splits = a["heads"], q.shape[1] // a["heads"], -(-pages.shape[1] * PAGE // chunk)
     pa = {**a, "chunk": chunk}
     part = poisoned((q.shape[0], heads, splits, d + 2), F32)
-    run("attention_partial", pa, [part], q, cache, seq, pos)
+    run("attention_partial", pa, [part], q, paged, seq, pages, pos)
     assert_written(part)  # unused slices too: (0, -inf, 0)
-    want = IMPLS["attention_partial"](pa, q, cache, seq, pos)
+    want = IMPLS["attention_partial"](pa, q, paged, seq, pages, pos)
     assert_same(part, want)  # -inf in the same places
     assert np.isneginf(part[..., d]).any() == (splits > 1)
     out = poisoned(q.shape, F32)
     run("attention_reduce", {}, [out], part)
     assert_written(out)
     assert_same(out, IMPLS["attention_reduce"]({}, part))
-    whole = IMPLS["attention"](a, q, cache, seq, pos)
+    whole = IMPLS["attention"](a, q, paged, seq, pages, pos)
     assert_close(out, whole, ORDER)  # split-context = unsplit up to the per-slice f16 weights
     if splits == 1:
         np.testing.assert_array_equal(out, whole)  # one slice: the same bits

@@ -66,17 +66,20 @@ def _naive_attention(q, k_all, v_all, pos, heads, kv_heads, scale, window):
 
 @pytest.mark.parametrize("window", [0, 3])
 def test_kv_store_then_attention_is_causal_gqa_attention(window):
-    heads, kv_heads, d, n = 4, 2, 8, 6
-    cache = np.zeros((1, 2, 2, 16, kv_heads * d), np.float16)
+    heads, kv_heads, d, n = 4, 2, 8, 20  # positions 0-15 on the sequence's first page, 16-19 on its second
+    cache = np.zeros((1, 2, 4, 16, kv_heads * d), np.float16)
     k = rng.standard_normal((n, kv_heads * d)).astype(np.float32)
     v = rng.standard_normal((n, kv_heads * d)).astype(np.float32)
     q = rng.standard_normal((n, heads * d)).astype(np.float32)
     pos = np.arange(n, dtype=np.int32)
     seq = np.ones(n, np.int32)
-    cache = IMPLS["kv_store"]({"layer": 0}, cache, k, v, seq, pos)
-    assert not cache[0, :, 0].any()  # slot 0 untouched
+    pages = np.array([[0, 1], [3, 2]], np.int32)
+    cache = IMPLS["kv_store"]({"layer": 0}, cache, k, v, seq, pages, pos)
+    assert not cache[0, :, :2].any()  # sequence 0's blocks untouched
+    np.testing.assert_array_equal(cache[0, 0, 3], k[:16].astype(np.float16))
+    np.testing.assert_array_equal(cache[0, 1, 2, :4], v[16:].astype(np.float16))
     a = {"layer": 0, "heads": heads, "kv_heads": kv_heads, "scale": 0.3, "window": window}
-    got = IMPLS["attention"](a, q, cache, seq, pos)
+    got = IMPLS["attention"](a, q, cache, seq, pages, pos)
     k16, v16 = k.astype(np.float16).astype(np.float32), v.astype(np.float16).astype(np.float32)
     np.testing.assert_allclose(got, _naive_attention(q, k16, v16, pos, heads, kv_heads, 0.3, window), atol=1e-5)
 
@@ -122,33 +125,34 @@ def test_activations():
 
 
 def test_interpreter_copies_a_cache_that_is_still_read():
-    cache_t = Type("f16", (2, 2, "slots", "ctx", 4))
+    cache_t = Type("f16", (2, 2, "blocks", 16, 4))
     nn = Tracer("t", "decode", {"e": Type("f32", (10, 4))}, cache_t)
     x = nn.embed(nn.weight("e"), nn.tokens)
-    c1 = nn.kv_store(nn.cache, x, x, nn.seq, nn.pos, layer=0)
-    old = nn.attention(x, nn.cache, nn.seq, nn.pos, layer=0, heads=1, kv_heads=1, scale=1.0, window=0)
+    c1 = nn.kv_store(nn.cache, x, x, nn.seq, nn.pages, nn.pos, layer=0)
+    old = nn.attention(x, nn.cache, nn.seq, nn.pages, nn.pos, layer=0, heads=1, kv_heads=1, scale=1.0, window=0)
     g = nn.finish(new=c1, old=old)
-    cache = np.zeros((2, 2, 1, 4, 4), np.float16)
+    cache = np.zeros((2, 2, 1, 16, 4), np.float16)
     cache[0, 1, 0, 0] = 5.0  # what the old version holds at position 0
     out = Interpreter(g, lambda n: np.arange(40, dtype=np.float32).reshape(10, 4)).run(
         {"tokens": np.array([3], np.int32), "pos": np.array([0], np.int32), "seq": np.array([0], np.int32),
-         "cache": cache})
+         "pages": np.array([[0]], np.int32), "cache": cache})
     np.testing.assert_array_equal(out["old"], np.full((1, 4), 5.0, np.float32))  # read before the store
     assert out["new"][0, 0, 0, 0].tolist() == [12.0, 13.0, 14.0, 15.0]
 
 
 def test_split_context_attention_matches_attention_across_many_slices():
-    heads, kv_heads, d, ctx = 4, 2, 8, 100
-    cache = rng.standard_normal((1, 2, 1, ctx, kv_heads * d)).astype(np.float16)
+    heads, kv_heads, d = 4, 2, 8
+    cache = rng.standard_normal((1, 2, 7, 16, kv_heads * d)).astype(np.float16)
     q = rng.standard_normal((3, heads * d)).astype(np.float32)
     pos = np.array([99, 40, 5], np.int32)
     seq = np.zeros(3, np.int32)
+    pages = np.array([[6, 5, 4, 3, 2, 1, 0]], np.int32)  # 112 positions, blocks in reverse
     for window in (0, 30):
         a = {"layer": 0, "heads": heads, "kv_heads": kv_heads, "scale": 0.3, "window": window}
-        whole = IMPLS["attention"](a, q, cache, seq, pos)
-        parts = IMPLS["attention_partial"]({**a, "chunk": 16}, q, cache, seq, pos)
+        whole = IMPLS["attention"](a, q, cache, seq, pages, pos)
+        parts = IMPLS["attention_partial"]({**a, "chunk": 16}, q, cache, seq, pages, pos)
         assert parts.shape == (3, heads, 7, d + 2)
         split = IMPLS["attention_reduce"]({}, parts)
         assert ((split - whole) ** 2).sum() / (whole**2).sum() < 1e-6  # f16-rounded weights per slice
-        one = IMPLS["attention_reduce"]({}, IMPLS["attention_partial"]({**a, "chunk": 128}, q, cache, seq, pos))
+        one = IMPLS["attention_reduce"]({}, IMPLS["attention_partial"]({**a, "chunk": 128}, q, cache, seq, pages, pos))
         assert np.array_equal(one, whole)  # one slice: the same arithmetic, bit for bit

@@ -13,7 +13,7 @@ from llmplan.ir.types import Type, parse_type
 from llmplan.ir.verify import verify
 
 F32_ROW = Type("f32", ("rows", 64))
-CACHE = Type("f16", (1, 2, "slots", "ctx", 32))
+CACHE = Type("f16", (1, 2, "blocks", 16, 32))
 W = {"w.q": Type("q8_0", (64, 64)), "w.n": Type("f32", (64,)), "w.k": Type("q4_k", (32, 256))}
 
 
@@ -25,7 +25,7 @@ def small_graph() -> Graph:
     return nn.finish(out=nn.last_rows(y), cache=nn.cache)
 
 
-TEXT = """graph t.prefill(%tokens: i32[rows], %pos: i32[rows], %seq: i32[rows], %last: i32[seqs], %cache: f16[1, 2, slots, ctx, 32]) {
+TEXT = """graph t.prefill(%tokens: i32[rows], %pos: i32[rows], %seq: i32[rows], %pages: i32[seqs, pages], %last: i32[seqs], %cache: f16[1, 2, blocks, 16, 32]) {
   @w.q : q8_0[64, 64]
   %0 = embed @w.q, %tokens : f32[rows, 64]
   @w.n : f32[64]
@@ -49,7 +49,7 @@ def test_round_trip():
 
 
 def test_types():
-    assert str(parse_type("f16[1, 2, slots, ctx, 32]")) == "f16[1, 2, slots, ctx, 32]"
+    assert str(parse_type("f16[1, 2, blocks, 16, 32]")) == "f16[1, 2, blocks, 16, 32]"
     assert parse_type("i32[rows]").shape == ("rows",)
     with pytest.raises(ValueError):
         parse_type("f32")
@@ -109,7 +109,7 @@ def test_verifier_cycle():
     norm = next(n for n in nodes if n.op == "rmsnorm")
     add = next(n for n in nodes if n.op == "add")
     broken = [make_node(n.id, n.op, [add.out, n.operands[1]], n.attr, n.types) if n is norm else n for n in nodes]
-    with pytest.raises(VerifyError, match="cycle add#11 -> rmsnorm#8 -> pack#9 -> matmul#10"):
+    with pytest.raises(VerifyError, match="cycle add#12 -> rmsnorm#9 -> pack#10 -> matmul#11"):
         verify(Graph("t", broken, g.outputs))
 
 

@@ -15,52 +15,52 @@ BY_NAME = {p.NAME: p for p in PASSES}
 
 CASES = [
     ('split-attention', 'split_attention',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[1, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[1, 64]
-  %3 = attention[heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[1, 64]
+  %3 = attention[heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[1, 64]
   return o=%3, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[1, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[1, 64]
-  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[1, 2, splits, 34]
+  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[1, 2, splits, 34]
   %4 = attention_reduce %3 : f32[1, 64]
   return o=%4, cache=%cache
 }
 """,
      []),
     ('split-attention', 'split_attention_prefill',
-     """graph t.prefill(%tokens: i32[rows], %pos: i32[rows], %seq: i32[rows], %last: i32[seqs], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.prefill(%tokens: i32[rows], %pos: i32[rows], %seq: i32[rows], %pages: i32[seqs, pages], %last: i32[seqs], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[rows, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[rows, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[rows, 64]
-  %3 = attention[heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[rows, 64]
+  %3 = attention[heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[rows, 64]
   return o=%3, cache=%cache
 }
 """,
-     """graph t.prefill(%tokens: i32[rows], %pos: i32[rows], %seq: i32[rows], %last: i32[seqs], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.prefill(%tokens: i32[rows], %pos: i32[rows], %seq: i32[rows], %pages: i32[seqs, pages], %last: i32[seqs], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[rows, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[rows, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[rows, 64]
-  %3 = attention[heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[rows, 64]
+  %3 = attention[heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[rows, 64]
   return o=%3, cache=%cache
 }
 """,
      []),
     ('fuse-norm-pack', 'norm_pack',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.n.weight : f32[64]
@@ -71,7 +71,7 @@ CASES = [
   return y=%3, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.n.weight : f32[64]
@@ -83,7 +83,7 @@ CASES = [
 """,
      []),
     ('fuse-norm-pack', 'norm_pack_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.n.weight : f32[64]
@@ -95,7 +95,7 @@ CASES = [
   return y=%4, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.n.weight : f32[64]
@@ -109,7 +109,7 @@ CASES = [
 """,
      ['fuse-norm-pack declined at blk.0: the normed row is also read by add, pack']),
     ('fuse-qkv', 'qkv',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @x4 : q8_0[16, 256]
   %0 = embed @x4, %tokens : f32[1, 256]
   @blk.0.attn_q.weight : q4_k[64, 256]
@@ -122,7 +122,7 @@ CASES = [
   return q=%2, k=%3, v=%4, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @x4 : q8_0[16, 256]
   %0 = embed @x4, %tokens : f32[1, 256]
   @blk.0.attn_q.weight : q4_k[64, 256]
@@ -135,7 +135,7 @@ CASES = [
 """,
      []),
     ('fuse-qkv', 'qkv_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @x4 : q8_0[16, 256]
   %0 = embed @x4, %tokens : f32[1, 256]
   @blk.0.attn_q.weight : q4_k[64, 256]
@@ -149,7 +149,7 @@ CASES = [
   return q=%2, k=%3, v=%5, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @x4 : q8_0[16, 256]
   %0 = embed @x4, %tokens : f32[1, 256]
   @blk.0.attn_q.weight : q4_k[64, 256]
@@ -165,7 +165,7 @@ CASES = [
 """,
      ['fuse-qkv declined at blk.0: the projections read activations packed differently (q8_k/q8_k/q8_0): their weight formats take different dot products']),
     ('fuse-gate-up', 'gate_up',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -178,7 +178,7 @@ CASES = [
   return y=%5, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -192,7 +192,7 @@ CASES = [
 """,
      []),
     ('fuse-gate-up', 'gate_up_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -206,7 +206,7 @@ CASES = [
   return y=%6, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -222,7 +222,7 @@ CASES = [
 """,
      ['fuse-gate-up declined at blk.0: the projections read activations packed differently (q8_0/q8_1): their weight formats take different dot products']),
     ('fuse-rope-kv', 'rope_kv',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -234,12 +234,12 @@ CASES = [
   %4 = matmul %1, @blk.0.wv.weight : f32[1, 32]
   %5 = rope[base=10000.0, dims=16, heads=4, mode=neox, scale=1.0] %2, %pos : f32[1, 64]
   %6 = rope[base=10000.0, dims=16, heads=2, mode=neox, scale=1.0] %3, %pos : f32[1, 32]
-  %7 = kv_store[layer=0] %cache, %6, %4, %seq, %pos : f16[1, 2, slots, ctx, 32]
-  %8 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %7, %seq, %pos : f32[1, 64]
+  %7 = kv_store[layer=0] %cache, %6, %4, %seq, %pages, %pos : f16[1, 2, blocks, 16, 32]
+  %8 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %7, %seq, %pages, %pos : f32[1, 64]
   return o=%8, cache=%7
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -249,14 +249,14 @@ CASES = [
   %3 = matmul %1, @blk.0.wk.weight : f32[1, 32]
   @blk.0.wv.weight : q8_0[32, 64]
   %4 = matmul %1, @blk.0.wv.weight : f32[1, 32]
-  %5, %6 = rope_kv[base=10000.0, dims=16, heads=4, kv_heads=2, layer=0, mode=neox, scale=1.0] %2, %3, %4, %pos, %seq, %cache : f32[1, 64], f16[1, 2, slots, ctx, 32]
-  %7 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %6, %seq, %pos : f32[1, 64]
+  %5, %6 = rope_kv[base=10000.0, dims=16, heads=4, kv_heads=2, layer=0, mode=neox, scale=1.0] %2, %3, %4, %pos, %seq, %pages, %cache : f32[1, 64], f16[1, 2, blocks, 16, 32]
+  %7 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %6, %seq, %pages, %pos : f32[1, 64]
   return o=%7, cache=%6
 }
 """,
      []),
     ('fuse-rope-kv', 'norm_rope_kv',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -272,12 +272,12 @@ CASES = [
   %6 = rmsnorm[eps=1e-06] %3, @blk.0.kn.weight : f32[1, 32]
   %7 = rope[base=10000.0, dims=16, heads=4, mode=neox, scale=1.0] %5, %pos : f32[1, 64]
   %8 = rope[base=10000.0, dims=16, heads=2, mode=neox, scale=1.0] %6, %pos : f32[1, 32]
-  %9 = kv_store[layer=0] %cache, %8, %4, %seq, %pos : f16[1, 2, slots, ctx, 32]
-  %10 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %7, %9, %seq, %pos : f32[1, 64]
+  %9 = kv_store[layer=0] %cache, %8, %4, %seq, %pages, %pos : f16[1, 2, blocks, 16, 32]
+  %10 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %7, %9, %seq, %pages, %pos : f32[1, 64]
   return o=%10, cache=%9
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -289,14 +289,14 @@ CASES = [
   %4 = matmul %1, @blk.0.wv.weight : f32[1, 32]
   @blk.0.qn.weight : f32[16]
   @blk.0.kn.weight : f32[16]
-  %5, %6 = norm_rope_kv[base=10000.0, dims=16, eps=1e-06, heads=4, kv_heads=2, layer=0, mode=neox, scale=1.0] %2, %3, %4, %pos, %seq, %cache, @blk.0.qn.weight, @blk.0.kn.weight : f32[1, 64], f16[1, 2, slots, ctx, 32]
-  %7 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %6, %seq, %pos : f32[1, 64]
+  %5, %6 = norm_rope_kv[base=10000.0, dims=16, eps=1e-06, heads=4, kv_heads=2, layer=0, mode=neox, scale=1.0] %2, %3, %4, %pos, %seq, %pages, %cache, @blk.0.qn.weight, @blk.0.kn.weight : f32[1, 64], f16[1, 2, blocks, 16, 32]
+  %7 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %6, %seq, %pages, %pos : f32[1, 64]
   return o=%7, cache=%6
 }
 """,
      []),
     ('fuse-rope-kv', 'rope_kv_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -308,12 +308,12 @@ CASES = [
   %4 = matmul %1, @blk.0.wv.weight : f32[1, 32]
   %5 = rope[base=10000.0, dims=16, heads=4, mode=neox, scale=1.0] %2, %pos : f32[1, 64]
   %6 = rope[base=20000.0, dims=16, heads=2, mode=neox, scale=1.0] %3, %pos : f32[1, 32]
-  %7 = kv_store[layer=0] %cache, %6, %4, %seq, %pos : f16[1, 2, slots, ctx, 32]
-  %8 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %7, %seq, %pos : f32[1, 64]
+  %7 = kv_store[layer=0] %cache, %6, %4, %seq, %pages, %pos : f16[1, 2, blocks, 16, 32]
+  %8 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %7, %seq, %pages, %pos : f32[1, 64]
   return o=%8, cache=%7
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -325,33 +325,33 @@ CASES = [
   %4 = matmul %1, @blk.0.wv.weight : f32[1, 32]
   %5 = rope[base=10000.0, dims=16, heads=4, mode=neox, scale=1.0] %2, %pos : f32[1, 64]
   %6 = rope[base=20000.0, dims=16, heads=2, mode=neox, scale=1.0] %3, %pos : f32[1, 32]
-  %7 = kv_store[layer=0] %cache, %6, %4, %seq, %pos : f16[1, 2, slots, ctx, 32]
-  %8 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %7, %seq, %pos : f32[1, 64]
+  %7 = kv_store[layer=0] %cache, %6, %4, %seq, %pages, %pos : f16[1, 2, blocks, 16, 32]
+  %8 = attention[heads=4, kv_heads=2, layer=0, scale=0.25, window=0] %5, %7, %seq, %pages, %pos : f32[1, 64]
   return o=%8, cache=%7
 }
 """,
      ['fuse-rope-kv declined at blk.0: query and key ropes differ']),
     ('fuse-attn-reduce-pack', 'attn_reduce_pack',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[1, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[1, 64]
-  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[1, 2, splits, 34]
+  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[1, 2, splits, 34]
   %4 = attention_reduce %3 : f32[1, 64]
   %5 = pack[format=q8_0] %4 : q8_0[1, 64]
   %6 = matmul %5, @blk.0.w.weight : f32[1, 64]
   return y=%6, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[1, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[1, 64]
-  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[1, 2, splits, 34]
+  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[1, 2, splits, 34]
   %4 = attention_reduce_pack[format=q8_0] %3 : q8_0[1, 64]
   %5 = matmul %4, @blk.0.w.weight : f32[1, 64]
   return y=%5, cache=%cache
@@ -359,13 +359,13 @@ CASES = [
 """,
      []),
     ('fuse-attn-reduce-pack', 'attn_reduce_pack_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[1, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[1, 64]
-  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[1, 2, splits, 34]
+  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[1, 2, splits, 34]
   %4 = attention_reduce %3 : f32[1, 64]
   %5 = pack[format=q8_0] %4 : q8_0[1, 64]
   %6 = matmul %5, @blk.0.w.weight : f32[1, 64]
@@ -373,13 +373,13 @@ CASES = [
   return y=%7, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
   %1 = pack[format=q8_0] %0 : q8_0[1, 64]
   %2 = matmul %1, @blk.0.w.weight : f32[1, 64]
-  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pos : f32[1, 2, splits, 34]
+  %3 = attention_partial[chunk=256, heads=2, kv_heads=1, layer=0, scale=0.25, window=0] %2, %cache, %seq, %pages, %pos : f32[1, 2, splits, 34]
   %4 = attention_reduce %3 : f32[1, 64]
   %5 = pack[format=q8_0] %4 : q8_0[1, 64]
   %6 = matmul %5, @blk.0.w.weight : f32[1, 64]
@@ -389,7 +389,7 @@ CASES = [
 """,
      ['fuse-attn-reduce-pack declined at blk.0: the attention output is read unpacked']),
     ('fuse-glu-pack', 'glu_pack',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -405,7 +405,7 @@ CASES = [
   return y=%7, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -421,7 +421,7 @@ CASES = [
 """,
      []),
     ('fuse-glu-pack', 'glu_pack_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -437,7 +437,7 @@ CASES = [
   return y=%7, m=%5, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.ffn_gate.weight : q8_0[96, 64]
@@ -455,7 +455,7 @@ CASES = [
 """,
      ['fuse-glu-pack declined at blk.0: the gelu_tanh product is read unpacked or twice']),
     ('fuse-residual', 'residual',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -465,7 +465,7 @@ CASES = [
   return x=%3, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -476,7 +476,7 @@ CASES = [
 """,
      []),
     ('fuse-residual', 'residual_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -488,7 +488,7 @@ CASES = [
   return x=%4, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -502,7 +502,7 @@ CASES = [
 """,
      ['fuse-residual declined at blk.0: a norm (blk.0.n.weight) stands between the projection and the residual add']),
     ('fuse-tail', 'tail',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @output_norm.weight : f32[64]
@@ -512,7 +512,7 @@ CASES = [
   return logits=%2, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @output_norm.weight : f32[64]
@@ -525,7 +525,7 @@ CASES = [
 """,
      []),
     ('fuse-tail', 'tail_declined',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @output_norm.weight : f32[64]
@@ -536,7 +536,7 @@ CASES = [
   return logits=%3, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @output_norm.weight : f32[64]
@@ -549,7 +549,7 @@ CASES = [
 """,
      ['fuse-tail declined at the tail: the logits do not come from a packed final norm and a projection']),
     ('dce', 'dce',
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   @blk.0.w.weight : q8_0[64, 64]
@@ -559,7 +559,7 @@ CASES = [
   return x=%3, cache=%cache
 }
 """,
-     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %cache: f16[1, 2, slots, ctx, 32]) {
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]
   %0 = embed @emb, %tokens : f32[1, 64]
   %1 = scale[factor=2.0] %0 : f32[1, 64]
@@ -584,11 +584,15 @@ def _inputs(g, rng):
     for n in g.inputs:
         t = n.types[0]
         if n.name == "cache":
-            cache = rng.standard_normal((t.shape[0], 2, 2, 40, t.shape[4])).astype(np.float16)
+            cache = rng.standard_normal((t.shape[0], 2, 6, 16, t.shape[4])).astype(np.float16)
             out[n.name] = cache
         elif n.name == "pos":
             out[n.name] = np.array([37], np.int32)
-        elif n.name in ("seq", "last"):
+        elif n.name == "pages":
+            out[n.name] = np.array([[4, 0, 2]], np.int32)  # position 37 is at block 2, offset 5
+        elif n.name == "seq":
+            out[n.name] = np.array([0], np.int32)
+        elif n.name == "last":
             out[n.name] = np.array([1], np.int32)
         else:
             out[n.name] = np.array([3], np.int32)

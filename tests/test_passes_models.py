@@ -61,7 +61,8 @@ def test_fused_tail_gives_the_greedy_token():
     g = compile_graph(trace_model(m.config, m.weight_table(), "prefill"))
     dec = ReferenceDecoder(g, g, weight, 32)
     out = dec._prefill.run({"tokens": np.array([0, 5, 9, 100], np.int32), "pos": np.arange(4, dtype=np.int32),
-                            "seq": np.zeros(4, np.int32), "last": np.array([1, 3], np.int32), "cache": dec.cache})
+                            "seq": np.zeros(4, np.int32), "pages": np.repeat(dec.pages, 2, axis=0),
+                            "last": np.array([1, 3], np.int32), "cache": dec.cache})
     assert out["next_token"].tolist() == np.argmax(out["logits"], axis=-1).tolist()
 
 

@@ -92,8 +92,8 @@ def test_layer0_ops_reproduce_llama_cpp(request, model):
     n = len(ids)
     env = {}
     inputs = {"tokens": ids.astype(np.int32), "pos": np.arange(n, dtype=np.int32), "seq": np.zeros(n, np.int32),
-              "last": np.array([n - 1], np.int32), "cache": np.zeros((m.config.n_layers, 2, 1, 16, m.config.kv_dim),
-                                                                      np.float16)}
+              "pages": np.array([[0]], np.int32), "last": np.array([n - 1], np.int32),
+              "cache": np.zeros((m.config.n_layers, 2, 1, 16, m.config.kv_dim), np.float16)}
     checked = set()
     for node in g.order:
         if node.op == "input":
