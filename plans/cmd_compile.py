@@ -22,6 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="plan file (default: MODEL with .plan for .gguf)")
     p.add_argument("--ctx", type=int, help="context length the plan holds (default: the model's, at most 4096)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
+    p.add_argument("--max-seqs", type=int, default=1, help="sequences one batched decode step serves (default 1)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.output or os.path.splitext(args.model)[0] + ".plan"
     device = resolve_device(args.device)
     t0 = time.perf_counter()
-    summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk,
+    summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
                             kernels=None if device.backend == "cpu" else gpu_kernel_stage)
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
@@ -46,7 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if "kernels" in summary:
         cached = ", cached" if summary["build_cached"] else ""
         kernels = f"; {summary['kernels']} kernels built in {summary['build_seconds']:.1f} s{cached}"
-    print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {summary['limits']['ctx']}, "
-          f"chunk {summary['limits']['chunk']}, arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
+    lim = summary["limits"]
+    print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {lim['ctx']}, "
+          f"chunk {lim['chunk']}, {lim['max_seqs']} sequences per step, {lim['kv_blocks']} K/V blocks, arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
           f"{kernels} ({summary['seconds']:.2f} s)")
     return 0

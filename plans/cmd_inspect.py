@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 from llmplan.models.errors import InputError
+from llmplan.models.numerics import PAGE
 
 from .console import format_table, human_bytes, print_json
 from .planfile import read_body, read_header
@@ -39,10 +40,15 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     decisions = Counter(l["provenance"] for p in body["phases"].values() for l in p["launches"])
     pruned = Counter(f"{m}: {why}" for p in body["phases"].values() for l in p["launches"]
                      for m, why in l.get("pruned", {}).items())
+    cfg, lim = body["config"], header["limits"]
+    block_bytes = cfg["n_layers"] * 2 * PAGE * cfg["n_kv_heads"] * cfg["head_dim"] * 2  # f16 K and V of every layer
     return {
         "format": header["format"], "llmplan": header["llmplan"], "device": header["device"],
         "toolchain": header["toolchain"], "model": header["model"], "limits": header["limits"],
         "arena_bytes": body["arena_bytes"],
+        "kv_cache": {"blocks": lim["kv_blocks"], "block_tokens": PAGE, "block_bytes": block_bytes,
+                     "bytes": lim["kv_blocks"] * block_bytes,
+                     "full_context_sequences": lim["kv_blocks"] // -(-lim["ctx"] // PAGE)},
         "kernels": body["kernels"] if "gpu" in body else [f"{f}/{m}" for f, m in body["kernels"]],
         "phases": phases, "decisions": dict(decisions), "pruned": dict(pruned),
         "weights": {"count": len(body["weights"]), "unpacked_at_load_bytes": unpacked,
@@ -103,7 +109,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"  model    {m['path']} ({m['arch']} \"{m['name']}\", {m['fingerprint']['file_size']} bytes, "
           f"metadata {m['fingerprint']['metadata_sha256'][:16]}, tensors {m['fingerprint']['tensors_sha256'][:16]})")
     lim = s["limits"]
-    print(f"  limits   context {lim['ctx']}, prefill chunk {lim['chunk']}, sequences {lim['max_seqs']}")
+    print(f"  limits   context {lim['ctx']}, prefill chunk {lim['chunk']}, sequences per step {lim['max_seqs']}")
+    kv = s["kv_cache"]
+    print(f"  kv cache {kv['blocks']} blocks of {kv['block_tokens']} positions, {human_bytes(kv['bytes'])} "
+          f"({human_bytes(kv['block_bytes'])} a block): {kv['full_context_sequences']} sequences of the full "
+          f"context (plan run --kv-blocks resizes it)")
     print(f"  arena    {s['arena_bytes']} bytes ({human_bytes(s['arena_bytes'])}), activations of one layer at a time")
     rows = [(ph, p["launches"], p["arena_bytes"], p["activation_bytes_unshared"]) for ph, p in s["phases"].items()]
     print("  " + format_table(["phase", "launches", "arena bytes", "unshared bytes"], rows).replace("\n", "\n  "))

@@ -1,77 +1,147 @@
 """`plan run OUT.plan -p TEXT`: generate text from a compiled plan (or from a GGUF, compiled for this
-machine on the fly and cached)."""
+machine on the fly and cached). `--prompts-file FILE` runs many prompts together, `--max-seqs` of them
+per batched step: one prompt per line, or JSON lines {"prompt": ..., and optionally "max_tokens",
+"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop"} overriding the flags."""
 
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import sys
+import time
+from dataclasses import fields, replace
+from typing import Any
 
 import numpy as np
 
 from llmplan.models.errors import InputError
-from llmplan.models.model import open_model
 from llmplan.runtime.engine import Engine
-from llmplan.runtime.sampler import SamplingParams
+from llmplan.runtime.requests import Request, Result, SamplingParams
 
-from .compile import DEFAULT_CHUNK, cache_path, compile_model
 from .console import print_json
-from .devices import local_cpu
+
+_OVERRIDES = {f.name for f in fields(SamplingParams)}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="generate text from a plan (or a GGUF)", description=__doc__)
     p.add_argument("plan", help="plan file, or a GGUF to compile on the fly")
-    p.add_argument("-p", "--prompt", required=True, help="prompt text (BOS added, special tokens parsed)")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("-p", "--prompt", help="prompt text (BOS added, special tokens parsed)")
+    what.add_argument("--prompts-file", metavar="FILE", help="many prompts: one per line, or JSON lines")
     p.add_argument("-n", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repeat-penalty", type=float, default=1.0, help="> 1 discourages repeating tokens")
     p.add_argument("--seed", type=int)
-    p.add_argument("--chat", action="store_true", help="wrap the prompt as a user message in the chat template")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
+    p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 1)")
+    p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
     p.add_argument("--dump-logits", metavar="FILE.npz", help="save the logits after the prompt as prompt_last")
     p.add_argument("--bench", action="store_true", help="print prefill and decode speed on stderr")
-    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--json", action="store_true", help="print JSON (a list with --prompts-file)")
     p.set_defaults(run=run)
 
 
-def _plan_for(path: str, ctx: int | None) -> str:
-    """A plan file: `path` itself, or the cached plan compiled from the GGUF `path`."""
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            return path
-    model = open_model(path)
-    device = local_cpu()
-    cached = cache_path(model, device, f"ctx{ctx or 'default'}")
-    if not os.path.exists(cached):
-        os.makedirs(os.path.dirname(cached), exist_ok=True)
-        compile_model(model, device, cached, ctx, DEFAULT_CHUNK)
-    return cached
+def _request(engine: Engine, prompt: str, args: argparse.Namespace, overrides: dict[str, Any]) -> Request:
+    params = SamplingParams(args.temp, args.top_k, args.top_p, args.min_p, args.repeat_penalty, args.seed)
+    params = replace(params, **{k: v for k, v in overrides.items() if k in _OVERRIDES})
+    text: str | list[int] = prompt
+    if args.chat:
+        text = engine.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+    stop = overrides.get("stop", args.stop)
+    return Request(text, overrides.get("max_tokens", args.n), params, tuple([stop] if isinstance(stop, str) else stop),
+                   keep_prompt_logits=bool(args.dump_logits))
+
+
+def _prompts(path: str) -> list[tuple[str, dict[str, Any]]]:
+    """(prompt, per-request overrides) for each non-empty line of a prompts file."""
+    with open(path, encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    if not lines:
+        raise InputError(f"{path}: no prompts")
+    if not lines[0].lstrip().startswith("{"):
+        return [(line, {}) for line in lines]
+    out = []
+    for i, line in enumerate(lines, 1):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{i}: not a JSON object ({e.msg})") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
+            raise InputError(f"{path}:{i}: expected an object with a string \"prompt\"")
+        unknown = set(obj) - _OVERRIDES - {"prompt", "max_tokens", "stop"}
+        if unknown:
+            raise InputError(f"{path}:{i}: unknown keys {sorted(unknown)}")
+        out.append((obj.pop("prompt"), obj))
+    return out
+
+
+def _as_json(r: Result) -> dict[str, Any]:
+    d = {"prompt_ids": r.prompt_ids, "ids": r.ids, "text": r.text, "finish_reason": r.finish_reason,
+         "timings": r.timings}
+    return d | ({"error": r.error} if r.error else {})
 
 
 def run(args: argparse.Namespace) -> int:
     if args.n < 0:
         raise InputError(f"-n must be >= 0, got {args.n}")
-    engine = Engine.load(_plan_for(args.plan, args.ctx), args.model)
-    tok = engine.tokenizer
-    if args.chat:
-        prompt = tok.encode_chat([{"role": "user", "content": args.prompt}])
-    else:
-        prompt = tok.encode(args.prompt, add_special=True, parse_special=True)
-    params = SamplingParams(args.temp, args.top_k, args.top_p, args.seed)
-    stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-    gen = engine.generate(prompt, args.n, params, on_text=stream, keep_prompt_logits=bool(args.dump_logits))
+    engine = Engine.load(args.plan, model_path=args.model, max_seqs=args.max_seqs, kv_blocks=args.kv_blocks,
+                         ctx=args.ctx)
+    if args.prompts_file:
+        if args.dump_logits:
+            raise InputError("--dump-logits takes a single prompt (-p)")
+        return _many(engine, _prompts(args.prompts_file), args)
+    result = None
+    for ev in engine.generate([_request(engine, args.prompt, args, {})]):
+        if ev.finish_reason == "error":
+            raise InputError(ev.result.error)
+        if ev.text and not args.json:
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        result = ev.result or result
     if args.dump_logits:
-        np.savez(args.dump_logits, prompt_last=gen.prompt_logits.astype(np.float32))
+        np.savez(args.dump_logits, prompt_last=result.prompt_logits.astype(np.float32))
     if args.json:
-        print_json({"prompt_ids": gen.prompt_ids, "ids": gen.ids, "text": gen.text,
-                    "finish_reason": gen.finish_reason, "timings": gen.timings})
+        print_json(_as_json(result))
     else:
         sys.stdout.write("\n")
     if args.bench:
-        t = gen.timings
+        t = result.timings
         print(f"prefill {t['prompt_tokens']} tokens at {t['prefill_tok_s']:.1f} tok/s, decode {t['generated_tokens']} "
               f"tokens at {t['decode_tok_s']:.1f} tok/s (load {t['load_s']:.2f} s)", file=sys.stderr)
+    return 0
+
+
+def _many(engine: Engine, prompts: list[tuple[str, dict[str, Any]]], args: argparse.Namespace) -> int:
+    """Every prompt of a prompts file together; results in the file's order."""
+    results: list[Result | None] = [None] * len(prompts)
+    requests, where = [], []
+    for i, (prompt, overrides) in enumerate(prompts):
+        try:
+            requests.append(_request(engine, prompt, args, overrides))
+            where.append(i)
+        except InputError as e:
+            results[i] = Result([], finish_reason="error", error=str(e))
+    t0 = time.perf_counter()
+    for i, r in zip(where, engine.run(requests)):
+        results[i] = r
+    wall = time.perf_counter() - t0
+    if args.json:
+        print_json([_as_json(r) for r in results])
+    else:
+        for i, ((prompt, _), r) in enumerate(zip(prompts, results)):
+            what = r.error if r.error else f"{len(r.ids)} tokens, {r.finish_reason}"
+            print(f"=== {i + 1}/{len(results)} ({what}): {prompt[:60]}")
+            print(r.text)
+    if args.bench:
+        n = sum(len(r.ids) for r in results)
+        preempted = sum(len(rec["preempted"]) for rec in engine.records)
+        print(f"{len(results)} prompts, {n} tokens in {wall:.2f} s ({n / max(wall, 1e-9):.1f} tok/s together, "
+              f"{engine.scheduler.max_seqs} sequences per step), {preempted} preemptions", file=sys.stderr)
     return 0

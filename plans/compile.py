@@ -12,11 +12,11 @@ import numpy as np
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.errors import InputError
-from llmplan.models.model import Model
+from llmplan.models.model import Model, open_model
 from llmplan.models.numerics import PAGE
 from llmplan.passes.manager import run_passes
 
-from .devices import DeviceFacts
+from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
 from .planfile import model_fingerprint, write_plan
 
@@ -153,6 +153,17 @@ def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, 
     return {"target": built.target, "compiler": built.compiler, "source": built.source, "binary": built.binary,
             "ptx": built.ptx, "seconds": built.seconds, "cached": built.cached,
             "manifests": {n: vars(m) for n, m in built.manifests.items() if n in used}, "residency": residency}
+
+
+def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1) -> str:
+    """The plan `plan run MODEL.gguf` uses: compiled for this machine once, then taken from the cache."""
+    model = open_model(gguf)
+    device = local_cpu()
+    cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
+    if not os.path.exists(cached):
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs)
+    return cached
 
 
 def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:

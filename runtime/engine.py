@@ -1,13 +1,24 @@
-"""A minimal engine: one sequence through a compiled plan. The prompt is prefilled in chunks, then
-tokens are decoded one at a time, greedy (the fused tail returns the token) or sampled (from the
-logits), until an end-of-generation token or the token limit; text streams out as it decodes."""
+"""The engine: requests in, streamed tokens out, through a compiled plan on this machine's backend.
+
+Each step asks the scheduler (runtime/scheduler.py) which rows to compute, runs the plan's prefill
+phase over all prefill pieces (one chunk of rows across sequences) and one decode phase over all
+decoding sequences (the batched-decode phase, or the single-sequence one when only one decodes),
+then picks each finished row's next token: the fused tail's argmax when the request is greedy and
+nothing reshapes its logits, else its own sampler on the logits row. Text streams out as it is
+detokenized, held back only as long as it might still become a stop string.
+
+    engine = Engine.load("m.plan")                      # or a GGUF: compiled for this machine, cached
+    for ev in engine.generate(["Once upon a time", Request("The capital of France is", max_tokens=8)]):
+        print(ev.index, repr(ev.text), ev.finish_reason or "")
+"""
 
 from __future__ import annotations
 
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -20,105 +31,292 @@ from llmplan.plans.planfile import read_header, read_plan
 
 from .cpu_backend import CpuExecutor
 from .cpu_weights import CpuWeights
-from .sampler import Sampler, SamplingParams
+from .kv_blocks import BlockPool
+from .requests import Event, Request, RequestError, Result, SamplingParams, StopText
+from .sampler import Sampler
+from .scheduler import Scheduler, Sequence, Step
+
+RECORDS_KEPT = 10_000
 
 
 @dataclass
-class Generation:
-    prompt_ids: list[int]
-    ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finish_reason: str = ""
-    prompt_logits: np.ndarray | None = None
+class _Run:
+    """The engine's state of one request (Sequence.state)."""
+
+    request: Request
+    result: Result
+    sampler: Sampler
+    stream: Any  # the tokenizer's StreamDecoder
+    stops: StopText
+    submitted: float
+    admitted: float = 0.0
+    first: float = 0.0
     timings: dict[str, float] = field(default_factory=dict)
 
 
 class Engine:
     def __init__(self, plan_path: str, header: dict, body: dict, model: GGUFFile, weights: CpuWeights,
-                 load_seconds: float):
+                 load_seconds: float, max_seqs: int, kv_blocks: int):
         self.plan_path, self.header, self.body, self.model = plan_path, header, body, model
         self.limits = header["limits"]
         self.weights = weights
-        self.executor = CpuExecutor(body, self.limits["kv_blocks"], weights)
-        self.pages = np.arange(-(-self.limits["ctx"] // PAGE), dtype=np.int32)[None, :]
+        self.executor = CpuExecutor(body, kv_blocks, weights)
         self.tokenizer: Tokenizer = load_tokenizer(model)
         self.load_seconds = load_seconds
+        self.pages_per_seq = -(-self.limits["ctx"] // PAGE)
+        self.pool = BlockPool(kv_blocks, PAGE)
+        self.scheduler = Scheduler(self.pool, max_seqs, self.limits["chunk"])
+        self.records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
+        self._seqs: dict[int, Sequence] = {}
+        self._events: list[Event] = []
+        self._next_id = 0
+        self._steps = 0
 
     @classmethod
-    def load(cls, plan_path: str | os.PathLike, model_path: str | None = None) -> Engine:
-        """Load a plan for this machine; the GGUF is the one it was compiled from (or `model_path`)."""
+    def load(cls, plan: str | os.PathLike, device: str = "cpu", model_path: str | None = None,
+             max_seqs: int | None = None, kv_blocks: int | None = None, ctx: int | None = None) -> Engine:
+        """An engine for a plan file, or for a GGUF (compiled for this machine with `ctx` and cached).
+        `max_seqs` (at most the plan's) bounds the sequences of a batched step; `kv_blocks` sizes the
+        K/V pool (default: the plan's, enough for max_seqs sequences of the full context)."""
+        if device != "cpu":
+            raise InputError(f"device {device!r}: this runtime runs plans on the cpu backend only so far")
         t0 = time.perf_counter()
-        header, _ = read_header(plan_path)
+        plan = os.fspath(plan)
+        if _is_gguf(plan):
+            from llmplan.plans.compile import plan_for  # plans/ traces the model; the runtime reads plans only
+
+            plan = plan_for(plan, ctx, max_seqs or 1)
+        header, _ = read_header(plan)
         path = model_path or header.get("model", {}).get("path", "")
         if not os.path.exists(path):
-            raise InputError(f"{plan_path}: the model it was compiled from, {path}, is not there: pass --model PATH")
+            raise InputError(f"{plan}: the model it was compiled from, {path}, is not there: pass --model PATH")
         model = GGUFFile(path)
-        header, body = read_plan(plan_path, local_cpu().key, model)
+        header, body = read_plan(plan, local_cpu().key, model)
+        limits = header["limits"]
+        max_seqs = limits["max_seqs"] if max_seqs is None else max_seqs
+        if not 1 <= max_seqs <= limits["max_seqs"]:
+            raise InputError(f"{plan} runs at most {limits['max_seqs']} sequences per step, asked for {max_seqs}: "
+                             f"recompile with plan compile ... --max-seqs {max_seqs}")
+        kv_blocks = limits["kv_blocks"] if kv_blocks is None else kv_blocks
+        if kv_blocks < 2:
+            raise InputError(f"kv_blocks must be at least 2 (one block and one of headroom), got {kv_blocks}")
         weights = CpuWeights(model, {n: w["residency"] for n, w in body["weights"].items() if w["residency"]})
-        return cls(os.fspath(plan_path), header, body, model, weights, time.perf_counter() - t0)
+        return cls(plan, header, body, model, weights, time.perf_counter() - t0, max_seqs, kv_blocks)
 
-    def _check_length(self, n_prompt: int) -> None:
-        if n_prompt == 0:
-            raise InputError("the prompt tokenizes to nothing; give some text")
-        if n_prompt >= self.limits["ctx"]:
-            raise InputError(f"the prompt has {n_prompt} tokens; the plan's context holds {self.limits['ctx']}: "
-                             "compile with a larger --ctx")
+    # --- requests ------------------------------------------------------------------------------
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams = SamplingParams(),
-                 on_text: Callable[[str], None] | None = None, keep_prompt_logits: bool = False) -> Generation:
-        self._check_length(len(prompt_ids))
-        gen = Generation(list(prompt_ids))
-        sampler = Sampler(params)
-        head = "next_token" if params.greedy and not keep_prompt_logits else "logits"
-        t0 = time.perf_counter()
-        out = self._prefill(prompt_ids, head)
-        t1 = time.perf_counter()
-        if head == "logits":
-            gen.prompt_logits = out["logits"][0].copy()
-        budget = min(max_tokens, self.limits["ctx"] - len(prompt_ids))
-        stream = self.tokenizer.stream()
-        pos = len(prompt_ids)
-        for token in self._tokens(out, sampler, head, budget, pos):
-            gen.ids.append(token)
-            piece = stream.push(token)
-            gen.text += piece
-            if on_text and piece:
-                on_text(piece)
-            if self.tokenizer.is_eog(token):
-                gen.finish_reason = "stop"
-                break
+    def submit(self, request: Request) -> int:
+        """Queue a request; returns its id. Raises RequestError for a request that cannot run."""
+        if not isinstance(request, Request):
+            raise RequestError(f"expected a Request, got {type(request).__name__}")
+        tok = self.tokenizer
+        request.validate(tok.n_tokens)
+        ids = (tok.encode(request.prompt, add_special=True, parse_special=True) if isinstance(request.prompt, str)
+               else [int(t) for t in request.prompt])
+        if not ids:
+            raise RequestError("the prompt tokenizes to nothing; give some text")
+        ctx = self.limits["ctx"]
+        if len(ids) >= ctx:
+            if not request.truncate:
+                raise RequestError(f"the prompt has {len(ids)} tokens; the plan's context holds {ctx}: shorten it, "
+                                   "ask for truncation, or compile with a larger --ctx")
+            keep = [ids[0]] if ids[0] == tok.bos else []
+            ids = keep + ids[len(ids) - (ctx - 1 - len(keep)):]
+        sid = self._next_id
+        self._next_id += 1
+        run = _Run(request, Result(list(ids)), Sampler(request.params), tok.stream(), StopText(request.stop),
+                   time.perf_counter())
+        seq = Sequence(sid, list(ids), min(len(ids) + request.max_tokens, ctx), state=run)
+        self._seqs[sid] = seq
+        if request.max_tokens == 0:
+            self._finish(seq, "length")
         else:
-            gen.finish_reason = "length"
-        rest = stream.flush()
-        gen.text += rest
-        if on_text and rest:
-            on_text(rest)
-        t2 = time.perf_counter()
-        n = len(gen.ids)
-        gen.timings = {"load_s": round(self.load_seconds, 4), "prefill_s": round(t1 - t0, 4),
-                       "decode_s": round(t2 - t1, 4), "prompt_tokens": len(prompt_ids), "generated_tokens": n,
-                       "prefill_tok_s": round(len(prompt_ids) / max(t1 - t0, 1e-9), 2),
-                       "decode_tok_s": round(max(n - 1, 0) / max(t2 - t1, 1e-9), 2)}
-        return gen
+            self.scheduler.add(seq)
+        return sid
 
-    def _prefill(self, ids: list[int], head: str) -> dict[str, np.ndarray]:
-        chunk = self.limits["chunk"]
-        for start in range(0, len(ids), chunk):
-            part = np.asarray(ids[start:start + chunk], np.int32)
-            last = start + chunk >= len(ids)
-            state = {"tokens": part, "pos": np.arange(start, start + len(part), dtype=np.int32),
-                     "seq": np.zeros(len(part), np.int32), "pages": self.pages,
-                     "last": np.array([len(part) - 1], np.int32)}
-            out = self.executor.run("prefill", state, {"cache", head} if last else {"cache"})
+    def cancel(self, request_id: int) -> None:
+        """Stop a request wherever it is (queued, mid-prefill, decoding); its finish event comes next step."""
+        seq = self._seqs.get(request_id)
+        if seq is not None:
+            self._finish(seq, "cancelled")
+
+    @property
+    def idle(self) -> bool:
+        return self.scheduler.idle and not self._events
+
+    def generate(self, requests: Iterable[Request | str], params: SamplingParams | None = None) -> Iterator[Event]:
+        """Run requests together, yielding their events as they happen (Event.index: the position in
+        `requests`). A text is a Request with `params`. A request that cannot run yields one event with
+        finish_reason "error"; the others carry on. Closing the iterator early cancels what is left."""
+        mine: dict[int, int] = {}
+        for i, r in enumerate(requests):
+            r = Request(r, params=params or SamplingParams()) if isinstance(r, str) else r
+            try:
+                mine[self.submit(r)] = i
+            except RequestError as e:
+                yield Event(-1, index=i, finish_reason="error", result=Result([], finish_reason="error", error=str(e)))
+        try:
+            while mine:
+                for ev in self.step():
+                    if ev.request in mine:
+                        ev.index = mine[ev.request]
+                        if ev.finish_reason:
+                            del mine[ev.request]
+                        yield ev
+        finally:
+            for sid in mine:
+                self.cancel(sid)
+
+    def run(self, requests: Iterable[Request | str], params: SamplingParams | None = None) -> list[Result]:
+        """generate() to the end: one Result per request, in order."""
+        requests = list(requests)
+        out: list[Result | None] = [None] * len(requests)
+        for ev in self.generate(requests, params):
+            if ev.finish_reason:
+                out[ev.index] = ev.result
         return out
 
-    def _tokens(self, out, sampler: Sampler, head: str, budget: int, pos: int) -> Iterator[int]:
-        """The generated tokens, one decode step after each (but the last)."""
-        for i in range(budget):
-            token = int(out["next_token"][0]) if head == "next_token" else sampler(out["logits"][0])
-            yield token
-            if i + 1 == budget:
-                return
-            state = {"tokens": np.array([token], np.int32), "pos": np.array([pos + i], np.int32),
-                     "seq": np.zeros(1, np.int32), "pages": self.pages}
-            out = self.executor.run("decode", state, {"cache", head})
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int = 256, params: SamplingParams = SamplingParams(),
+             stop: tuple[str, ...] = ()) -> Iterator[Event]:
+        """One conversation through the model's chat template (sandboxed), streamed."""
+        ids = self.tokenizer.encode_chat(messages)
+        return self.generate([Request(ids, max_tokens, params, stop)])
+
+    def kv_ceiling(self) -> dict[str, Any]:
+        """How much the K/V pool holds: blocks, tokens, bytes, and how many sequences of a length fit."""
+        cache = self.executor.cache
+        block_bytes = cache.nbytes // cache.shape[2]
+        lengths = sorted({self.limits["ctx"], *(n for n in (256, 1024, 4096) if n < self.limits["ctx"])})
+        return {"blocks": self.pool.total, "block_tokens": PAGE, "tokens": self.pool.total * PAGE,
+                "block_bytes": block_bytes, "bytes": cache.nbytes,
+                "sequences": {n: self.pool.total // -(-n // PAGE) for n in lengths}}
+
+    # --- one step ------------------------------------------------------------------------------
+
+    def step(self) -> list[Event]:
+        """Compute one step; returns the events it produced (tokens, finishes)."""
+        t0 = time.perf_counter()
+        events, self._events = self._events, []
+        plan = self.scheduler.schedule()
+        for seq, why in plan.refused:
+            seq.state.result.error = why
+            self._finish(seq, "error")
+        for sid in plan.admitted:
+            run = self._seqs[sid].state
+            run.admitted = run.admitted or time.perf_counter()
+        kernel_s = 0.0
+        if plan.prefill:
+            kernel_s += self._prefill(plan)
+        if plan.decode:
+            kernel_s += self._decode(plan)
+        events += self._events
+        self._events = []
+        wall = time.perf_counter() - t0
+        self.records.append({"step": self._steps, "admitted": plan.admitted, "preempted": plan.preempted,
+                             "prefill_rows": sum(n for _, n in plan.prefill), "prefill_seqs": len(plan.prefill),
+                             "decode_rows": len(plan.decode), "free_blocks": self.pool.free_blocks,
+                             "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6)})
+        self._steps += 1
+        return events
+
+    def _table(self, seqs: list[Sequence]) -> np.ndarray:
+        pages = np.zeros((len(seqs), self.pages_per_seq), np.int32)
+        for j, s in enumerate(seqs):
+            pages[j, :len(s.blocks)] = s.blocks
+        return pages
+
+    def _head(self, seqs: list[Sequence]) -> str:
+        """The output a step needs for these sequences' next tokens: the fused tail's argmax, or logits."""
+        wants = any(s.state.request.params.needs_logits or
+                    (s.state.request.keep_prompt_logits and not s.state.result.ids) for s in seqs)
+        return "logits" if wants else "next_token"
+
+    def _prefill(self, plan: Step) -> float:
+        seqs = [s for s, _ in plan.prefill]
+        tokens, pos, last, ending = [], [], [], []
+        for s, n in plan.prefill:
+            tokens += s.tokens[s.computed:s.computed + n]
+            pos += range(s.computed, s.computed + n)
+            last.append(len(tokens) - 1)
+            if s.computed + n == len(s.tokens):
+                ending.append(s)
+        row_seq = np.repeat(np.arange(len(seqs), dtype=np.int32), [n for _, n in plan.prefill])
+        state = {"tokens": np.asarray(tokens, np.int32), "pos": np.asarray(pos, np.int32), "seq": row_seq,
+                 "pages": self._table(seqs), "last": np.asarray(last, np.int32)}
+        head = self._head(ending) if ending else None
+        t0 = time.perf_counter()
+        out = self.executor.run("prefill", state, {"cache", head} if head else {"cache"})
+        seconds = time.perf_counter() - t0
+        for j, (s, n) in enumerate(plan.prefill):
+            self.scheduler.done(s, n)
+            if s in ending:
+                self._next(s, out[head][j], head)
+        return seconds
+
+    def _decode(self, plan: Step) -> float:
+        seqs = plan.decode
+        state = {"tokens": np.array([s.tokens[-1] for s in seqs], np.int32),
+                 "pos": np.array([s.computed for s in seqs], np.int32),
+                 "seq": np.arange(len(seqs), dtype=np.int32), "pages": self._table(seqs)}
+        head = self._head(seqs)
+        t0 = time.perf_counter()
+        out = self.executor.run("decode" if len(seqs) == 1 else "decode-batch", state, {"cache", head})
+        seconds = time.perf_counter() - t0
+        for j, s in enumerate(seqs):
+            self.scheduler.done(s, 1)
+            self._next(s, out[head][j], head)
+        return seconds
+
+    def _next(self, seq: Sequence, row: np.ndarray, head: str) -> None:
+        """seq's next token from its output row; stream it and check the stops."""
+        run = seq.state
+        if head == "logits" and run.request.keep_prompt_logits and run.result.prompt_logits is None:
+            run.result.prompt_logits = row.copy()
+        params = run.request.params
+        token = int(row) if head == "next_token" else (int(np.argmax(row)) if not params.needs_logits
+                                                        else run.sampler(row, seq.tokens))
+        if not run.first:
+            run.first = time.perf_counter()
+        seq.tokens.append(token)
+        run.result.ids.append(token)
+        text, stopped = run.stops.push(run.stream.push(token))
+        run.result.text += text
+        self._events.append(Event(seq.id, token=token, text=text))
+        if stopped or self.tokenizer.is_eog(token):
+            self._finish(seq, "stop", flush_stream=not stopped)
+        elif len(seq.tokens) >= seq.limit:
+            self._finish(seq, "length")
+
+    def _finish(self, seq: Sequence, reason: str, flush_stream: bool = True) -> None:
+        run = seq.state
+        self.scheduler.remove(seq)
+        del self._seqs[seq.id]
+        rest = ""
+        if flush_stream:
+            rest, _ = run.stops.push(run.stream.flush())
+            rest += run.stops.flush()
+        run.result.text += rest
+        run.result.finish_reason = reason
+        run.result.timings = self._timings(seq)
+        self._events.append(Event(seq.id, text=rest, finish_reason=reason, result=run.result))
+
+    def _timings(self, seq: Sequence) -> dict[str, float]:
+        run, now = seq.state, time.perf_counter()
+        n, n_prompt = len(run.result.ids), len(run.result.prompt_ids)
+        admitted = run.admitted or now
+        first = run.first or now
+        prefill_s, decode_s = first - admitted, now - first
+        return {"load_s": round(self.load_seconds, 4), "queue_s": round(admitted - run.submitted, 4),
+                "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
+                "ttft_s": round(first - run.submitted, 4), "prompt_tokens": n_prompt,
+                "cached_tokens": seq.cached_tokens, "generated_tokens": n, "preemptions": seq.preemptions,
+                "prefill_tok_s": round((n_prompt - seq.cached_tokens) / max(prefill_s, 1e-9), 2),
+                "decode_tok_s": round(max(n - 1, 0) / max(decode_s, 1e-9), 2)}
+
+
+def _is_gguf(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror}") from None

@@ -31,6 +31,7 @@ def bench_llmplan(model: str, n_prompt: int, n_decode: int) -> dict:
     from llmplan.plans.compile import compile_model
     from llmplan.plans.devices import local_cpu
     from llmplan.runtime.engine import Engine
+    from llmplan.runtime.requests import Request
 
     plan = os.path.join(tempfile.mkdtemp(), "bench.plan")
     t0 = time.perf_counter()
@@ -38,8 +39,8 @@ def bench_llmplan(model: str, n_prompt: int, n_decode: int) -> dict:
     compile_s = time.perf_counter() - t0
     engine = Engine.load(plan)
     ids = _prompt(engine.tokenizer, n_prompt)
-    engine.generate(ids[:8], 2)  # warm caches and BLAS threads
-    gen = engine.generate(ids, n_decode)
+    engine.run([Request(ids[:8], 2)])  # warm caches and BLAS threads (too short to leave a cached block)
+    gen = engine.run([Request(ids, n_decode)])[0]
     t = gen.timings
     return {"compile_s": round(compile_s, 2), "load_s": t["load_s"], "prompt_tokens": len(ids),
             "prefill_tok_s": round(len(ids) / t["prefill_s"], 1), "decode_tok_s": t["decode_tok_s"],

@@ -17,7 +17,7 @@ from llmplan.passes.manager import compile_graph
 from llmplan.plans.compile import compile_model
 from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
-from llmplan.runtime.sampler import SamplingParams
+from llmplan.runtime.requests import Request, SamplingParams
 
 MODELS = {"tiny-llama-spm-Q4_K_M": (lambda r: TINY_SPM, 1e-3), "tiny-llama3-bpe-Q4_K_M": (lambda r: TINY_BPE, 1e-3),
           "gemma3-270m": (lambda r: r.getfixturevalue("gemma3_path"), 5e-3)}
@@ -26,6 +26,10 @@ MARGIN = 1.0  # as in test_reference_llamacpp.py
 
 def nmse(a, b):
     return float(((a.astype(np.float64) - b) ** 2).sum() / (b.astype(np.float64) ** 2).sum())
+
+
+def _one(engine, prompt, n, params=SamplingParams(), **kw):
+    return engine.run([Request(prompt, n, params, **kw)])[0]
 
 
 @functools.lru_cache(maxsize=None)
@@ -47,7 +51,7 @@ def test_compile_then_run_matches_interpreter_and_llama_cpp(request, tmp_path_fa
                               functools.lru_cache(None)(m.dequantize), 128)
     rows = np.load(REFERENCE / f"ref_{name}.npz")
     for k, case in enumerate(json.loads((REFERENCE / f"ref_{name}.json").read_text())["generate"]):
-        gen = engine.generate(case["prompt_ids"], len(case["greedy_ids"]), keep_prompt_logits=True)
+        gen = _one(engine, case["prompt_ids"], len(case["greedy_ids"]), keep_prompt_logits=True)
         if k == 0:  # the interpreter, one chunk at a time as the plan does, gives the same bits
             want = None
             for s in range(0, len(case["prompt_ids"]), 4):
@@ -61,22 +65,22 @@ def test_compile_then_run_matches_interpreter_and_llama_cpp(request, tmp_path_fa
 def test_runs_are_reproducible(tmp_path_factory):
     engine = _engine(TINY_SPM, tmp_path_factory.getbasetemp())
     prompt = engine.tokenizer.encode("Once upon a time", parse_special=True)
-    greedy = [engine.generate(prompt, 12).ids for _ in range(2)]
+    greedy = [_one(engine, prompt, 12).ids for _ in range(2)]
     assert greedy[0] == greedy[1] and len(greedy[0]) == 12
-    sampled = [engine.generate(prompt, 12, SamplingParams(0.9, 40, 0.95, seed=7)).ids for _ in range(2)]
+    sampled = [_one(engine, prompt, 12, SamplingParams(0.9, 40, 0.95, seed=7)).ids for _ in range(2)]
     assert sampled[0] == sampled[1]
-    other = engine.generate(prompt, 12, SamplingParams(0.9, 40, 0.95, seed=8)).ids
+    other = _one(engine, prompt, 12, SamplingParams(0.9, 40, 0.95, seed=8)).ids
     assert other != sampled[0]
-    assert engine.generate(prompt, 12, SamplingParams(0.9, 1, 1.0, seed=3)).ids == greedy[0]  # top-k 1 is greedy
+    assert _one(engine, prompt, 12, SamplingParams(0.9, 1, 1.0, seed=3)).ids == greedy[0]  # top-k 1 is greedy
 
 
 def test_stops_at_end_of_generation(tmp_path_factory):
     engine = _engine(TINY_SPM, tmp_path_factory.getbasetemp())
     eos = engine.tokenizer.eos
     # force the first sampled token to be EOS by a top-k 1 sample from a doctored logits row
-    gen = engine.generate([1, eos], 5)
+    gen = _one(engine, [1, eos], 5)
     assert gen.finish_reason in ("stop", "length") and len(gen.ids) <= 5
-    long = engine.generate(engine.tokenizer.encode("a"), 500)
+    long = _one(engine, engine.tokenizer.encode("a"), 500)
     assert long.finish_reason == "length" and len(long.prompt_ids) + len(long.ids) <= 128
 
 
