@@ -4,7 +4,9 @@ Weights: quantized blocks with random bytes in every quantized field (every bit 
 packing is exercised) and moderate random f16 scales of either sign, in the planar relayout the kernels
 read (models/formats.planes). Activations: arena-style packed buffers (field planes, with a
 cpu_kernels.Packed view of the same bytes for the CPU twins), filled either with random fields or by
-the twins' own packing of real values. nmse: DESIGN.md's normalized mean squared error.
+the twins' own packing of real values. The paged K/V cache: a page table over the cache's blocks in a
+scrambled order, and a cache whose every cell a kernel has no business reading is NaN. nmse: DESIGN.md's
+normalized mean squared error.
 """
 
 from __future__ import annotations
@@ -98,6 +100,33 @@ def pack_activation(x: np.ndarray, fmt: str) -> tuple[np.ndarray, Any]:
     for name in blocks.dtype.names:
         packed[name][...] = blocks[name]
     return raw, packed
+
+
+def page_table(rng: np.random.Generator, seqs: int, pages: int, spare: int = 3) -> tuple[np.ndarray, int]:
+    """(page table i32 [seqs, pages], blocks): every sequence's pages are distinct cache blocks in a
+    scrambled order, with `spare` blocks that no page names (a kernel that ignores the table, or reads
+    the wrong entry, lands on the wrong block)."""
+    blocks = seqs * pages + spare
+    return rng.permutation(blocks)[:seqs * pages].reshape(seqs, pages).astype(np.int32), blocks
+
+
+def paged_cache(rng: np.random.Generator, layers: int, kv: int, table: np.ndarray, blocks: int,
+                readable: dict[int, tuple[int, int]], scale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
+    """(cache f16 [layers, 2, blocks, PAGE, kv], the table as the kernel gets it): random values at the
+    positions [lo, hi) of readable[s] of each sequence s, NaN in every other cell (other positions,
+    spare blocks); the table's entries for pages outside a sequence's range point at an all-NaN spare
+    block, so a kernel that reads a cell or a table entry it should not gets NaN."""
+    cache = np.full((layers, 2, blocks, num.PAGE, kv), np.nan, np.float16)
+    table = table.copy()
+    nan_block = np.setdiff1d(np.arange(blocks), table)[0]
+    for s in range(table.shape[0]):
+        lo, hi = readable.get(s, (0, 0))
+        p = np.arange(lo, hi)
+        cache[:, :, table[s, p // num.PAGE], p % num.PAGE] = (rng.standard_normal((layers, 2, len(p), kv))
+                                                                 * scale).astype(np.float16)
+        used = np.arange(table.shape[1])
+        table[s, (used < lo // num.PAGE) | (used * num.PAGE >= hi)] = nan_block
+    return cache, table
 
 
 def nmse(got: np.ndarray, want: np.ndarray) -> float:

@@ -1,19 +1,21 @@
 """Split-context decode attention kernels (codegen/families/attention_decode.py): they build for every
 target with no spills and the 128-bit loads they are designed around, their Launch records are what
 the runtime needs, and, run on the host emulator (tests/kernel_emu.py) through those records, they
-compute what the CPU twins compute, on wave32 and wave64 layouts."""
+compute what the CPU twins compute, on wave32 and wave64 layouts, reading the paged cache through a
+scrambled page table with NaN in every cell and table entry they have no business reading."""
 
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
 
 from codegen_checks import built, needs_emulator
 from kernel_emu import runner
-from kernel_inputs import nmse, packed_buffer
-from llmplan.codegen.build import BuildError
+from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
+from llmplan.codegen.build import KERNEL_DIR, BuildError
 from llmplan.codegen.families import attention_decode as ad
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -58,9 +60,15 @@ def test_builds_without_spills(target):
         assert m.wave == t.wave
         if k.family == "attention_partial":
             assert m.instructions["load128"] >= 2, (k.name, m.instructions)  # K and V rows, 16 bytes a lane
-            assert m.shared_bytes <= 32768 + 64, (k.name, m.shared_bytes)
+            assert m.shared_bytes <= 32768 + 128, (k.name, m.shared_bytes)  # + statistics and page blocks
         else:
             assert m.shared_bytes <= ad.TILE * 4 + 64, (k.name, m.shared_bytes)
+
+
+def test_the_kernels_page_is_the_caches():
+    """common.cuh's LP_PAGE, which every kernel on the cache addresses it by, is numerics.PAGE."""
+    page = re.search(r"^#define LP_PAGE (\d+)$", (KERNEL_DIR / "common.cuh").read_text(), re.M)
+    assert page and int(page.group(1)) == num.PAGE
 
 
 def test_shape_errors():
@@ -68,6 +76,8 @@ def test_shape_errors():
         ad.partial_kernel(100, 1, 256)
     with pytest.raises(BuildError, match="shared memory"):
         ad.partial_kernel(128, 16, 1024)
+    with pytest.raises(BuildError, match="whole 16-position pages"):
+        ad.partial_kernel(128, 4, 200)
     with pytest.raises(BuildError, match="format"):
         ad.reduce_kernel("q4_k")
 
@@ -80,7 +90,8 @@ def gemma_context(target="sm_89"):
     return Context(buffers, {}, TARGETS[target])
 
 
-PARTIAL_LAUNCH = {"op": "attention_partial", "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pos"}],
+PARTIAL_LAUNCH = {"op": "attention_partial", "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"},
+                                                     {"state": "pos"}],
                   "outs": [{"buf": 1}], "attrs": {"chunk": 256, "heads": 4, "kv_heads": 1, "layer": 6,
                                                   "scale": 0.0625, "window": 512}}
 
@@ -89,8 +100,9 @@ def test_partial_launch_record():
     (l,) = ad.launches(PARTIAL_LAUNCH, gemma_context())
     assert l.kernel.name == "lp_attention_partial_d256_g4_c256" and l.kernel.block == 256
     assert l.grid == (("splits", 1), 1, 1)
-    assert l.args == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pos"}, {"buf": 1}, {"i32": 6},
-                      {"i32": "slots"}, {"i32": "ctx"}, {"i32": 1}, {"i32": "splits"}, {"i32": 512}, {"f32": 0.0625}]
+    assert l.args == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}, {"buf": 1},
+                      {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 1}, {"i32": "splits"}, {"i32": 512},
+                      {"f32": 0.0625}]
     assert l.smem == 0 and l.kernel.expects == ("load128",)
 
 
@@ -107,12 +119,13 @@ def test_reduce_launch_records():
 
 # --- emulated runs against the CPU twins ---------------------------------------------------------
 
-# (head_dim, group, kv_heads, chunk, ctx, window, seq, pos): each row's slot and position
+# (head_dim, group, kv_heads, chunk, ctx, window, seq, pos): each row's sequence and position
 CASES = [
     (128, 4, 2, 64, 256, 0, [2, 0], [200, 0]),       # Llama-3 shape, several splits; a first token
-    (256, 4, 1, 64, 192, 40, [1], [150]),            # Gemma 3 local layer: a window across two splits
+    (256, 4, 1, 64, 192, 40, [1], [150]),            # Gemma 3 local layer: a window across two splits, mid-page
     (80, 2, 2, 32, 96, 0, [0, 2, 1], [95, 31, 32]),  # odd head size; the last position; split edges
     (512, 1, 1, 32, 64, 0, [1], [40]),               # two slices per lane
+    (128, 4, 2, 256, 512, 0, [0], [300]),            # the 256-position chunk decode runs: 16 pages a block
 ]
 
 
@@ -128,26 +141,32 @@ def emulators():
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}_g{c[1]}" for c in CASES])
 def test_partial_matches_twin(emulators, wave, case):
     d, g, kvh, chunk, ctx_len, window, seq, pos = case
-    rng = np.random.default_rng(d + g)
-    layers, slots, heads, rows = 2, 3, g * kvh, len(seq)
-    splits = -(-ctx_len // chunk)
-    cache = (rng.standard_normal((layers, 2, slots, ctx_len, kvh * d)) * 2).astype(np.float16)
+    rng = np.random.default_rng(d + g + chunk)
+    layers, seqs, heads, rows = 2, 3, g * kvh, len(seq)
+    npages = ctx_len // num.PAGE
+    splits = -(-npages * num.PAGE // chunk)
+    table, blocks = page_table(rng, seqs, npages)
+    # random values where each row reads (its sequence's positions [first, pos]), NaN in every other cell
+    # and behind every other entry of the page table
+    readable = {s: (num.first_position(p, window), p + 1) for s, p in zip(seq, pos)}
+    cache, pages = paged_cache(rng, layers, kvh * d, table, blocks, readable, scale=2.0)
     q = rng.standard_normal((rows, heads * d)).astype(np.float32)
     seq, pos = np.array(seq, np.int32), np.array(pos, np.int32)
     attrs = {"chunk": chunk, "heads": heads, "kv_heads": kvh, "layer": 1, "scale": float(d**-0.5), "window": window}
     launch = {"op": "attention_partial", "attrs": attrs, "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"},
-              {"state": "pos"}], "outs": [{"buf": 1}]}
+              {"state": "pages"}, {"state": "pos"}], "outs": [{"buf": 1}]}
     ctx = Context([{"dtype": "f32", "shape": ["rows", heads * d]},
                    {"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]}], {}, TARGETS["sm_89"])
     (l,) = ad.launches(launch, ctx)
     part = np.full((rows, heads, splits, d + 2), np.nan, np.float32)
-    arrays = {"buf": {0: q, 1: part}, "state": {"seq": seq, "pos": pos}}
+    arrays = {"buf": {0: q, 1: part}, "state": {"seq": seq, "pages": pages, "pos": pos}}
     bind = (lambda ref: cache if "cache" in ref else arrays["buf"][ref["buf"]] if "buf" in ref
             else arrays["state"][ref["state"]])
-    emulators(wave).launch(l, bind, {"rows": rows, "splits": splits, "slots": slots, "ctx": ctx_len})
+    emulators(wave).launch(l, bind, {"rows": rows, "splits": splits, "pages": npages, "blocks": blocks})
 
     want = np.zeros_like(part)
-    ck.attention_partial("attention_partial", attrs, [want], q, cache, seq, pos)
+    ck.attention_partial("attention_partial", attrs, [want], q, cache, seq, pages, pos)
+    assert np.isfinite(want[..., :d]).all(), "the twin reads only the readable cells"
     assert not np.isnan(part).any(), "every slice written"
     used = np.isfinite(want[..., d])
     assert np.array_equal(np.isfinite(part[..., d]), used)

@@ -7,7 +7,10 @@
 - Numbers on the CPU (tests/kernel_emu.py, mma.sync and WMMA fragments emulated; the row member also
   on waves of 64) against the CPU twin (models/numerics.py attention): chunks spanning several
   sequences in one tile, GQA groups that do and do not divide a block, sliding windows, contexts of
-  many K/V tiles, NaN in the cache past the rows' positions.
+  many K/V tiles; the cache is paged, read through a page table in scrambled block order, with NaN in
+  every cell the rows may not read (before a window inside its first page, past the last row's
+  position) and behind every page-table entry outside the sequence's range; a permuted placement of
+  the same pages gives the same bits.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pytest
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
-from kernel_inputs import nmse
+from kernel_inputs import nmse, page_table, paged_cache
 from llmplan.codegen.families import attention_prefill as attn
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -34,7 +37,8 @@ LOOSE = 1e-6
 def launch_dict(heads, kv_heads, member=None, window=0, layer=1, scale=0.125):
     d = {"op": "attention", "attrs": {"layer": layer, "heads": heads, "kv_heads": kv_heads, "scale": scale,
                                       "window": window},
-         "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pos"}], "outs": [{"buf": 1}]}
+         "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}],
+         "outs": [{"buf": 1}]}
     return d | ({"member": member} if member else {})
 
 
@@ -51,8 +55,8 @@ def test_flash_launch():
         "lp_attention_flash_d128", "flash_attention", "flash_attention.cu", 128, ("hmma",))
     assert ln.grid == (("rows", 16), 8)  # 64 query vectors per block = 16 rows x 4 heads of a group
     assert ln.smem == 0
-    assert ln.args == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pos"}, {"buf": 1},
-                       {"i32": "rows"}, {"i32": 32}, {"i32": 8}, {"i32": "slots"}, {"i32": "ctx"}, {"i32": 1},
+    assert ln.args == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}, {"buf": 1},
+                       {"i32": "rows"}, {"i32": 32}, {"i32": 8}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 1},
                        {"f32": 0.125}, {"i32": 0}]
 
 
@@ -91,7 +95,7 @@ def test_errors_name_the_problem():
 
 
 def test_shared_memory():
-    assert [attn.shared_bytes("flash", d) for d in DIMS] == [28432, 37136, 38024]
+    assert [attn.shared_bytes("flash", d) for d in DIMS] == [28464, 37152, 38032]
     assert attn.shared_bytes("rows", 256, 64) == 4 * (256 + 4 + 2 * 256)
 
 
@@ -131,37 +135,55 @@ def emulator(mode: str, wave: int):
     return runner([attn.kernel(member, d) for d in DIMS], wave, mode)
 
 
-def run(mode, d, heads, kv_heads, seq, pos, rng, window=0, ctx=96, slots=3, poison_tail=False, wave=32):
-    """(kernel output, twin output) for query rows with these slots and positions."""
+LAYER = 1
+
+
+def paged_inputs(rng, d, heads, kv_heads, seq, pos, window, ctx, seqs):
+    """(q, cache, page table) for query rows of these sequences and positions: the pages in scrambled
+    blocks, random values in each sequence's positions [first of its rows, last of its rows], NaN in
+    every other cell and behind every other table entry (numerics.attention reads none of them)."""
+    table, blocks = page_table(rng, seqs, -(-ctx // num.PAGE))
+    readable = {s: (min(num.first_position(p, window) for p in pos[seq == s]), pos[seq == s].max() + 1)
+                for s in np.unique(seq)}
+    cache, pages = paged_cache(rng, 2, kv_heads * d, table, blocks, readable, scale=0.7)
+    q = (rng.standard_normal((len(seq), heads * d)) * 1.5).astype(np.float32)
+    return q, cache, pages
+
+
+def attend(mode, wave, q, cache, seq, pages, pos, heads, kv_heads, window):
+    """The member's output for these inputs, run on the emulator through its Launch record."""
     member = "rows" if mode == "plain" else "flash"
     target = {"mma": "sm_90", "wmma": "gfx1151", "plain": "gfx942" if wave == 64 else "sm_89"}[mode]
-    seq, pos = np.asarray(seq, np.int32), np.asarray(pos, np.int32)
-    rows, layers, layer = len(seq), 2, 1
-    cache = (rng.standard_normal((layers, 2, slots, ctx, kv_heads * d)) * 0.7).astype(np.float16)
-    if poison_tail:  # what the rows may not read: past every row's position in its slot
-        for s in range(slots):
-            mine = pos[seq == s]
-            cache[:, :, s, (mine.max() + 1 if len(mine) else 0):] = np.nan
-    q = (rng.standard_normal((rows, heads * d)) * 1.5).astype(np.float32)
-    scale = 1.0 / np.sqrt(d)
-    out = np.full((rows + 1, heads * d), np.nan, np.float32)  # poisoned, with a guard row
-    (ln,) = attn.launches(launch_dict(heads, kv_heads, member, window, layer, scale), ctx_for(target, heads * d))
+    rows, width = q.shape
+    scale = 1.0 / np.sqrt(width // heads)
+    out = np.full((rows + 1, width), np.nan, np.float32)  # poisoned, with a guard row
+    (ln,) = attn.launches(launch_dict(heads, kv_heads, member, window, LAYER, scale), ctx_for(target, width))
+    state = {"seq": seq, "pages": pages, "pos": pos}
 
     def bind(ref):
         if "cache" in ref:
             return cache
         if "state" in ref:
-            return seq if ref["state"] == "seq" else pos
+            return state[ref["state"]]
         return q if ref["buf"] == 0 else out
 
-    emulator(mode, wave).launch(ln, bind, {"rows": rows, "slots": slots, "ctx": ctx})
-    want = num.attention(q, cache, seq, pos, layer, heads, kv_heads, scale, window)
+    emulator(mode, wave).launch(ln, bind, {"rows": rows, "pages": pages.shape[1], "blocks": cache.shape[2]})
     assert np.isnan(out[rows]).all(), "wrote past the output rows"
-    return out[:rows], want
+    return out[:rows]
+
+
+def run(mode, d, heads, kv_heads, seq, pos, rng, window=0, ctx=96, seqs=3, wave=32):
+    """(kernel output, twin output) for query rows with these sequences and positions."""
+    seq, pos = np.asarray(seq, np.int32), np.asarray(pos, np.int32)
+    q, cache, pages = paged_inputs(rng, d, heads, kv_heads, seq, pos, window, ctx, seqs)
+    got = attend(mode, wave, q, cache, seq, pages, pos, heads, kv_heads, window)
+    want = num.attention(q, cache, seq, pages, pos, LAYER, heads, kv_heads, 1.0 / np.sqrt(d), window)
+    assert not np.isnan(want).any(), "the twin reads only what the inputs make readable"
+    return got, want
 
 
 MODES = ["mma", "wmma", "plain"]
-# a prefill chunk over three sequences: slot 2 at positions 10..30, slot 0 from 0..20, slot 1 at 40
+# a prefill chunk over three sequences: sequence 2 at positions 10..30, 0 from 0..20, 1 at 40
 MIXED = ([2] * 21 + [0] * 21 + [1], list(range(10, 31)) + list(range(21)) + [40])
 
 
@@ -189,18 +211,25 @@ def test_sliding_window_and_long_context(mode, d, rng):
 
 @needs_emulator
 @pytest.mark.parametrize("mode", MODES)
-def test_nothing_past_the_rows_positions_is_read(mode, rng):
-    """NaN in every cache position past the last row's position of each slot: the output stays finite."""
-    got, want = run(mode, 128, 4, 2, *MIXED, rng, poison_tail=True)
-    assert not np.isnan(got).any() and not np.isnan(want).any()
-    assert nmse(got, want) < LOOSE
+def test_the_page_table_places_the_positions(mode, rng):
+    """The same pages moved to other blocks, the table moved with them, give the same bits (and no
+    NaN: nothing outside the rows' positions is read)."""
+    seq, pos = np.array(MIXED[0], np.int32), np.array(MIXED[1], np.int32)
+    q, cache, pages = paged_inputs(rng, 128, 4, 2, seq, pos, 0, 96, 3)
+    perm = rng.permutation(cache.shape[2])
+    moved = np.empty_like(cache)
+    moved[:, :, perm] = cache
+    got = attend(mode, 32, q, cache, seq, pages, pos, 4, 2, 0)
+    assert not np.isnan(got).any()
+    assert np.array_equal(attend(mode, 32, q, moved, seq, perm[pages].astype(np.int32), pos, 4, 2, 0), got)
 
 
 @needs_emulator
 @pytest.mark.parametrize("mode", MODES)
 def test_single_rows_and_decode_like_chunks(mode, rng):
-    """One row per sequence (a chunk of decode-like rows in four slots) and position 0 alone."""
-    got, want = run(mode, 64, 4, 1, [3, 0, 2, 1], [50, 0, 7, 63], rng, slots=4)
+    """One row per sequence (a chunk of decode-like rows of four sequences), position 0 alone, and a
+    row past the twin's first 256-position slice."""
+    got, want = run(mode, 64, 4, 1, [3, 0, 2, 1], [50, 0, 7, 300], rng, ctx=320, seqs=4)
     assert nmse(got, want) < LOOSE
 
 

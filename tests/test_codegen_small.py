@@ -13,7 +13,7 @@ import pytest
 
 from codegen_checks import built, needs_emulator
 from kernel_emu import runner
-from kernel_inputs import nmse, packed_buffer
+from kernel_inputs import nmse, packed_buffer, page_table
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.families import glu, rope_kv
@@ -82,15 +82,15 @@ def test_rope_kv_launch_records():
                   {"rope_freqs.weight": ("F32", (64,))}, TARGETS["gfx1151"])
     attrs = {"base": 500000.0, "dims": 128, "heads": 8, "kv_heads": 2, "layer": 1, "mode": "norm", "scale": 1.0}
     (l,) = rope_kv.launches({"op": "rope_kv", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2},
-                             {"state": "pos"}, {"state": "seq"}, {"cache": 1}, {"weight": "rope_freqs.weight"}],
-                             "outs": [{"buf": 3}, {"cache": 1}]}, ctx)
+                             {"state": "pos"}, {"state": "seq"}, {"state": "pages"}, {"cache": 1},
+                             {"weight": "rope_freqs.weight"}], "outs": [{"buf": 3}, {"cache": 1}]}, ctx)
     assert l.kernel.name == "lp_rope_kv_norm" and l.kernel.family == "rope_kv" and l.kernel.block == 64
     assert l.grid == (10, ("rows", 1))
     table = {"rope_table": {"base": 500000.0, "scale": 1.0, "dims": 128, "factors": "rope_freqs.weight",
                             "positions": "ctx"}}
-    assert l.args == [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"}, {"cache": 1}, table,
-                      {"buf": 3}, {"i32": 8}, {"i32": 2}, {"i32": 128}, {"i32": 128}, {"i32": 1}, {"i32": "slots"},
-                      {"i32": "ctx"}]
+    assert l.args == [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"}, {"state": "pages"},
+                      {"cache": 1}, table, {"buf": 3}, {"i32": 8}, {"i32": 2}, {"i32": 128}, {"i32": 128}, {"i32": 1},
+                      {"i32": "pages"}, {"i32": "blocks"}]
     # Gemma 3: per-head norms first, neox pairs, no factors
     ctx = Context([{"dtype": "f32", "shape": [1, 1024]}, {"dtype": "f32", "shape": [1, 256]},
                    {"dtype": "f32", "shape": [1, 256]}, {"dtype": "f32", "shape": [1, 1024]}],
@@ -100,12 +100,12 @@ def test_rope_kv_launch_records():
              "scale": 1.0}
     norms = [{"weight": "blk.0.attn_q_norm.weight"}, {"weight": "blk.0.attn_k_norm.weight"}]
     (l,) = rope_kv.launches({"op": "norm_rope_kv", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2},
-                             {"state": "pos"}, {"state": "seq"}, {"cache": 1}, *norms],
+                             {"state": "pos"}, {"state": "seq"}, {"state": "pages"}, {"cache": 1}, *norms],
                              "outs": [{"buf": 3}, {"cache": 1}]}, ctx)
     assert l.kernel.name == "lp_norm_rope_kv_neox" and l.grid == (5, 1)
-    assert l.args[6] == {"rope_table": {"base": 10000.0, "scale": 1.0, "dims": 256, "factors": None,
+    assert l.args[7] == {"rope_table": {"base": 10000.0, "scale": 1.0, "dims": 256, "factors": None,
                                         "positions": "ctx"}}
-    assert l.args[7:10] == [*norms, {"buf": 3}] and l.args[-1] == {"f32": 1e-6}
+    assert l.args[8:11] == [*norms, {"buf": 3}] and l.args[-1] == {"f32": 1e-6}
 
 
 def test_glu_and_elementwise_launch_records():
@@ -183,7 +183,8 @@ def _bind(arrays, cache=None, weights=None, ctx_len=0):
                                                       ("norm_rope_kv", "norm", 64, 32, 2, 2)])
 def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     rng = np.random.default_rng(d + dims)
-    rows, layers, slots, ctx_len, layer = 3, 2, 3, 64, 1
+    rows, layers, seqs, ctx_len, layer = 3, 2, 3, 64, 1
+    pages, blocks = page_table(rng, seqs, ctx_len // num.PAGE)  # scrambled: each row's block is looked up
     q = (rng.standard_normal((rows, heads * d)) * 2).astype(np.float32)
     k = (rng.standard_normal((rows, kvh * d)) * 2).astype(np.float32)
     v = rng.standard_normal((rows, kvh * d)).astype(np.float32)
@@ -200,17 +201,18 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
                    {"dtype": "f32", "shape": ["rows", kvh * d]}, {"dtype": "f32", "shape": ["rows", heads * d]}],
                   {"qn": ("F32", (d,)), "kn": ("F32", (d,)), "f": ("F32", (dims // 2,))}, TARGETS["sm_89"])
     launch = {"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"},
-              {"state": "seq"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]}
+              {"state": "seq"}, {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]}
     (l,) = rope_kv.launches(launch, ctx)
-    cache = rng.standard_normal((layers, 2, slots, ctx_len, kvh * d)).astype(np.float16)
+    cache = rng.standard_normal((layers, 2, blocks, num.PAGE, kvh * d)).astype(np.float16)
     want_cache = cache.copy()
     q_out = np.full_like(q, np.nan)
-    arrays = {0: q, 1: k, 2: v, 3: q_out, "pos": pos, "seq": seq}
-    emulators(wave).launch(l, _bind(arrays, cache, weights, ctx_len), {"rows": rows, "slots": slots, "ctx": ctx_len})
+    arrays = {0: q, 1: k, 2: v, 3: q_out, "pos": pos, "seq": seq, "pages": pages}
+    emulators(wave).launch(l, _bind(arrays, cache, weights, ctx_len),
+                           {"rows": rows, "pages": pages.shape[1], "blocks": blocks, "ctx": ctx_len})
 
     want_q = np.empty_like(q)
     twin_extra = [weights[e["weight"]] for e in extra]
-    ck.rope_kv(op, attrs, [want_q, want_cache], q, k, v, pos, seq, want_cache, *twin_extra)
+    ck.rope_kv(op, attrs, [want_q, want_cache], q, k, v, pos, seq, pages, want_cache, *twin_extra)
     assert not np.isnan(q_out).any()
     assert nmse(q_out, want_q) < 1e-13  # exact-arithmetic class (< 1e-7)
     # the device is rope_f32 on the table, bit for bit (the host emulation rounds as the GPUs do)
@@ -218,11 +220,12 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     qn = num.rmsnorm(q, weights["qn"], 1e-6) if op == "norm_rope_kv" else q
     assert np.array_equal(q_out, rope_kv.rope_f32(qn, pos, heads, dims, mode, table))
     # K rows: the f16 of a float32 value within an ulp or two of the twin's; V rows exact; the rest untouched
+    block, offset = pages[seq, pos // num.PAGE], pos % num.PAGE
     written = np.zeros(cache.shape, bool)
-    written[layer, :, seq, pos] = True
+    written[layer, :, block, offset] = True
     assert np.array_equal(cache[~written], want_cache[~written])
-    assert np.array_equal(cache[layer, 1, seq, pos], want_cache[layer, 1, seq, pos])
-    kg, kw = cache[layer, 0, seq, pos].astype(np.float32), want_cache[layer, 0, seq, pos].astype(np.float32)
+    assert np.array_equal(cache[layer, 1, block, offset], want_cache[layer, 1, block, offset])
+    kg, kw = cache[layer, 0, block, offset].astype(np.float32), want_cache[layer, 0, block, offset].astype(np.float32)
     assert np.all(np.abs(kg - kw) <= np.spacing(np.abs(kw).astype(np.float16)).astype(np.float32))
     assert np.mean(kg == kw) > 0.99
 

@@ -119,6 +119,22 @@ def test_every_kernel_has_its_numpy_twin(compiled):
             assert launch["family"] in KERNELS, (k["name"], launch["family"])
 
 
+def test_cache_kernels_read_through_the_page_table(compiled):
+    """Every kernel on the K/V cache gets the page table and the paged cache's symbols (pages per
+    sequence, blocks), and every symbol a kernel's grid or scalars name is one its phase binds."""
+    for target in ("sm_90", "gfx942"):  # flash and the row member for prefill attention
+        _, _, body = compiled(TINY_BPE, target)
+        for name, phase in body["phases"].items():
+            for launch in phase["launches"]:
+                for k in launch["kernels"]:
+                    symbols = {a[kind] for a in k["args"] for kind in ("i32", "f32") if isinstance(a.get(kind), str)}
+                    symbols |= {g[0] for g in k["grid"] if isinstance(g, list)}
+                    assert symbols <= set(phase["dims"]), (target, name, k["name"], symbols - set(phase["dims"]))
+                    if {"cache": 1} in k["args"]:
+                        assert {"state": "pages"} in k["args"], (target, k["name"])
+                        assert {"i32": "pages"} in k["args"] and {"i32": "blocks"} in k["args"], (target, k["name"])
+
+
 def _intervals(phase):
     """(first, last) launch index of each arena buffer, as the planner defines liveness."""
     live = {}

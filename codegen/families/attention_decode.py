@@ -4,22 +4,25 @@ attention_reduce / attention_reduce_pack.
 attention_partial: one block per (split, K/V head, row), grid (splits, kv_heads, rows), THREADS
 threads; the kernel is specialised on head_dim D, group G = heads / kv_heads and the chunk (the
 split's positions), so the G query heads' slices sit in registers and each K/V row of the slice is
-read once, with 128-bit loads, for all of them. Decode is memory bound: the slice's K and V bytes are
-the traffic, read once at full coalescing; the grid fills the GPU from one sequence once the context
-spans a few chunks.
+read once, with 128-bit loads, for all of them. The cache is paged (models/numerics.py PAGE): the
+chunk must be whole pages (256 positions: 16), whose blocks each partial block reads from the page
+table once. Decode is memory bound: the slice's K and V bytes are the traffic, read once at full
+coalescing; the grid fills the GPU from one sequence once the context spans a few chunks.
 
 attention_reduce[_pack]: grid (ceil(heads * D / TILE), rows), REDUCE_THREADS threads; each block
 combines TILE outputs of one row over all splits (skipping empty ones) and stores them as f32, or
 packs them (q8_0, q8_1, q8_k through common.cuh's lp_pack_row; f16; bf16) for the output projection.
 
-Kernel arguments: attention_partial(q, cache, seq, pos, part, layer, slots, ctx, kv_heads, splits,
-window, scale); attention_reduce(part, out, rows, heads, d, splits). `slots`, `ctx`, `rows` and
-`splits` are symbols the runtime binds (the cache's and the buffers' dimensions).
+Kernel arguments: attention_partial(q, cache, seq, pages, pos, part, layer, pages, blocks, kv_heads,
+splits, window, scale); attention_reduce(part, out, rows, heads, d, splits). `pages` (the page
+table's row length), `blocks` (the cache's), `rows` and `splits` are symbols the runtime binds.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from llmplan.models.numerics import PAGE
 
 from ..build import BuildError
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar
@@ -42,6 +45,8 @@ def partial_kernel(d: int, group: int, chunk: int) -> Kernel:
         raise BuildError(f"attention_partial: head_dim {d} is not a multiple of 8 (16-byte K/V slices)")
     if d > 256 * 4:
         raise BuildError(f"attention_partial: head_dim {d} is over 1024")
+    if chunk % PAGE or chunk <= 0:
+        raise BuildError(f"attention_partial: chunk {chunk} is not whole {PAGE}-position pages")
     threads = partial_threads(d, group)
     waves32 = threads // 32
     shared = max(waves32 // 2 * group * d, group * chunk) * 4
@@ -50,10 +55,10 @@ def partial_kernel(d: int, group: int, chunk: int) -> Kernel:
                          f"{shared} bytes of shared memory (at most {MAX_SHARED})")
     name = f"lp_attention_partial_d{d}_g{group}_c{chunk}"
     entry = (f"LP_KERNEL void __launch_bounds__({threads}) {name}(const float* q, const lp_half* cache, "
-             "const int* seq, const int* pos, float* part, int layer, int slots, int ctx, int kv_heads, "
-             "int splits, int window, float scale) { "
-             f"lp_attention_partial<{d}, {group}, {chunk}, {threads}>(q, cache, seq, pos, part, layer, slots, ctx, "
-             "kv_heads, splits, window, scale); }")
+             "const int* seq, const int* pages, const int* pos, float* part, int layer, int npages, int blocks, "
+             "int kv_heads, int splits, int window, float scale) { "
+             f"lp_attention_partial<{d}, {group}, {chunk}, {threads}>(q, cache, seq, pages, pos, part, layer, npages, "
+             "blocks, kv_heads, splits, window, scale); }")
     return Kernel(name, "attention_partial", "attention_decode.cu", entry, threads, ("load128",))
 
 
@@ -71,7 +76,7 @@ def reduce_kernel(fmt: str) -> Kernel:
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     op, a = launch["op"], launch["attrs"]
     if op == "attention_partial":
-        q, cache, seq, pos = launch["args"]
+        q, cache, seq, pages, pos = launch["args"]
         part = launch["outs"][0]
         rows, heads, splits, width = ctx.shape(part)
         d, kv_heads = width - 2, a["kv_heads"]
@@ -80,8 +85,8 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
                              f"{ctx.shape(q)}")
         kernel = partial_kernel(d, heads // kv_heads, a["chunk"])
         grid = (grid_dim(splits), kv_heads, grid_dim(rows))
-        args = [q, cache, seq, pos, part, scalar(a["layer"]), scalar("slots"), scalar("ctx"), scalar(kv_heads),
-                scalar(splits), scalar(a["window"]), scalar(a["scale"], "f32")]
+        args = [q, cache, seq, pages, pos, part, scalar(a["layer"]), scalar("pages"), scalar("blocks"),
+                scalar(kv_heads), scalar(splits), scalar(a["window"]), scalar(a["scale"], "f32")]
         return [Launch(kernel, grid, args)]
     if op in ("attention_reduce", "attention_reduce_pack"):
         part, out = launch["args"][0], launch["outs"][0]

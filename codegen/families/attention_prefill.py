@@ -1,23 +1,26 @@
 """Prefill attention (codegen/kernels/flash_attention.cu): op `attention` over the f16 K/V cache.
 
 What it computes: models/numerics.py attention, the CPU twin's (runtime/cpu_kernels.py attention):
-causal attention of every query row over its own slot's cache positions [first, pos] (sliding window
-when window > 0), query head h reading K/V head h // (heads / kv_heads); Q rounded to f16, scores in
-f32 times scale, softmax weights rounded to f16 where they meet V. Online softmax (flash) differs from
-the twin's two-pass softmax only in rounding order.
+causal attention of every query row over its own sequence's cache positions [first, pos] (sliding
+window when window > 0), read through the sequence's row of the page table (position p in block
+pages[seq, p // PAGE], offset p % PAGE), query head h reading K/V head h // (heads / kv_heads); Q
+rounded to f16, scores in f32 times scale, softmax weights rounded to f16 where they meet V. Online
+softmax (flash) differs from the twin's softmax over 256-position slices only in rounding order.
 
 Members (`launch["member"]`):
   flash  family "flash_attention", lp_attention_flash_d<D>: f16 matrix cores (mma.sync m16n8k16 on sm_80+,
       WMMA f16 16x16x16 on gfx11), expects "hmma". Head dims 64, 128, 256. A block serves one K/V head
       and BQ = 16 * NW query vectors (BQ // G rows x the G = heads / kv_heads query heads sharing it):
       block 32 * NW threads, grid (ceil(rows / (BQ // G)), kv_heads). D=64: NW 4, BKV 64; D=128: NW 4,
-      BKV 32; D=256: NW 2, BKV 16 (K/V tile positions). gfx942 declares the family unsupported.
+      BKV 32; D=256: NW 2, BKV 16 (K/V tile positions: whole 16-position pages, gathered through the
+      page table). gfx942 declares the family unsupported.
   rows   family "attention_rows", lp_attention_rows_d<D>: no matrix cores, every target. Block 128 threads
       per (row, query head), grid (rows, heads); head dims that are a multiple of the wave width, <= 256.
 Shared memory is static (no dynamic bytes): shared_bytes(member, head_dim, wave).
 
-Arguments: q, cache, seq, pos, out, then scalars rows, heads, kv_heads, slots, ctx (symbols bound by the
-runtime: the cache is [layers, 2, slots, ctx, kv_heads * D]), layer, scale (f32), window.
+Arguments: q, cache, seq, pages, pos, out, then scalars rows, heads, kv_heads, pages, blocks (symbols
+bound by the runtime: the page table is [seqs, pages], the cache [layers, 2, blocks, PAGE,
+kv_heads * D]), layer, scale (f32), window.
 
 Why it is fast: attention over a prefill chunk is compute-bound; the flash member reads each K/V tile
 once for BQ query vectors (all query heads of a GQA group together), keeps the scores in registers and
@@ -27,6 +30,8 @@ runs both products on matrix cores, and its waves skip tiles outside their rows'
 from __future__ import annotations
 
 from typing import Any
+
+from llmplan.models.numerics import PAGE
 
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar
 
@@ -61,14 +66,14 @@ def shared_bytes(member: str, head_dim: int, wave: int = 32) -> int:
     if member == "flash":
         nw, bkv = FLASH[head_dim]
         bq, qw, vw = 16 * nw, head_dim // 2 + 4, bkv // 2 + 4
-        return 4 * (bq * qw + bkv * qw + head_dim * vw + 3 * bq + nw)
+        return 4 * (bq * qw + bkv * qw + head_dim * vw + 3 * bq + nw + 2 * bkv // PAGE)
     nwr = ROWS_THREADS // wave
     return 4 * (head_dim + 2 * nwr + nwr * head_dim)
 
 
-_PARAMS = ("const float* q, const lp_half* cache, const int* seq, const int* pos, float* out, int rows, int heads, "
-           "int kv_heads, int slots, int ctx, int layer, float scale, int window")
-_CALL = "q, cache, seq, pos, out, rows, heads, kv_heads, slots, ctx, layer, scale, window"
+_PARAMS = ("const float* q, const lp_half* cache, const int* seq, const int* pages, const int* pos, float* out, "
+           "int rows, int heads, int kv_heads, int npages, int blocks, int layer, float scale, int window")
+_CALL = "q, cache, seq, pages, pos, out, rows, heads, kv_heads, npages, blocks, layer, scale, window"
 
 
 def kernel(member: str, head_dim: int) -> Kernel:
@@ -108,7 +113,7 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     if launch["op"] != "attention":
         raise AttentionError(f"prefill attention: op {launch['op']!r} is not attention")
     a = launch["attrs"]
-    q, cache, seq, pos = launch["args"]
+    q, cache, seq, pages, pos = launch["args"]
     out = launch["outs"][0]
     rows, width = ctx.shape(q)
     heads, kv_heads = a["heads"], a["kv_heads"]
@@ -126,8 +131,8 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
                                                      if member == "flash" and "flash_attention" in
                                                      ctx.target.unsupported else ""))
     kern = kernel(member, d)
-    args = [q, cache, seq, pos, out, scalar(rows), scalar(heads), scalar(kv_heads), scalar("slots"), scalar("ctx"),
-            scalar(a["layer"]), scalar(a["scale"], "f32"), scalar(a["window"])]
+    args = [q, cache, seq, pages, pos, out, scalar(rows), scalar(heads), scalar(kv_heads), scalar("pages"),
+            scalar("blocks"), scalar(a["layer"]), scalar(a["scale"], "f32"), scalar(a["window"])]
     if member == "flash":
         grid = (grid_dim(rows, flash_rows_per_block(d, group)), kv_heads)
     else:

@@ -1,9 +1,10 @@
 """Rotary embedding + K/V cache write (codegen/kernels/rope_kv.cu): ops rope_kv and norm_rope_kv.
 
 One launch per op: grid (heads + kv_heads, rows), THREADS threads; a block per query head (rotated
-into q_out) and per K/V head (key rotated, key and value written to the f16 cache at [layer, 0 / 1,
-seq[r], pos[r]]). norm_rope_kv RMS-normalises each query / key head first (q_norm, k_norm), with
-norm.cu's arithmetic. The kernel is tiny and memory bound; one pass, coalesced.
+into q_out) and per K/V head (key rotated, key and value written to the paged f16 cache [layers, 2,
+blocks, PAGE, kv features] at position pos[r] of sequence seq[r]: block pages[seq[r], pos[r] // PAGE],
+offset pos[r] % PAGE, the page looked up once per block). norm_rope_kv RMS-normalises each query / key
+head first (q_norm, k_norm), with norm.cu's arithmetic. The kernel is tiny and memory bound; one pass, coalesced.
 
 The rope table. The device computes no sin/cos: it reads (cos, sin) from a table that the runtime
 builds once per distinct (base, scale, dims, factors) with `rope_table` below, in float64 exactly as
@@ -26,8 +27,9 @@ and <= 4 ulps), so rope_kv is in the exact-arithmetic class (NMSE < 1e-7). About
 are bit-equal to the twin's. Keys reach the cache as f16, where an ulp-level difference can flip a
 rounding (rarely: within one f16 ulp).
 
-Kernel arguments: (q, k, v, pos, seq, cache, table, [q_norm, k_norm,] q_out, heads, kv_heads, d, dims,
-layer, slots, ctx[, eps]); `slots` and `ctx` are the cache's dimensions, bound by the runtime.
+Kernel arguments: (q, k, v, pos, seq, pages, cache, table, [q_norm, k_norm,] q_out, heads, kv_heads, d,
+dims, layer, pages, blocks[, eps]); the symbols `pages` (the page table's row length) and `blocks` (the
+cache's blocks) are bound by the runtime.
 """
 
 from __future__ import annotations
@@ -76,17 +78,18 @@ def kernel(mode: str, norm: bool) -> Kernel:
     if mode not in MODES:
         raise BuildError(f"rope_kv: rotation mode {mode!r} is not one of {', '.join(MODES)}")
     name = f"lp_{'norm_' if norm else ''}rope_kv_{mode}"
-    ptrs = ("const float* q, const float* k, const float* v, const int* pos, const int* seq, lp_half* cache, "
-            "const float* table, ")
-    sizes = "int heads, int kv_heads, int d, int dims, int layer, int slots, int ctx"
+    ptrs = ("const float* q, const float* k, const float* v, const int* pos, const int* seq, const int* pages, "
+            "lp_half* cache, const float* table, ")
+    sizes = "int heads, int kv_heads, int d, int dims, int layer, int npages, int blocks"
     if norm:
         params = f"{ptrs}const float* q_norm, const float* k_norm, float* q_out, {sizes}, float eps"
-        call = "table, q_norm, k_norm, q_out, heads, kv_heads, d, dims, layer, slots, ctx, eps"
+        call = "table, q_norm, k_norm, q_out, heads, kv_heads, d, dims, layer, npages, blocks, eps"
     else:
         params = f"{ptrs}float* q_out, {sizes}"
-        call = "table, nullptr, nullptr, q_out, heads, kv_heads, d, dims, layer, slots, ctx, 0.0f"
+        call = "table, nullptr, nullptr, q_out, heads, kv_heads, d, dims, layer, npages, blocks, 0.0f"
     entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({params}) "
-             f"{{ lp_rope_kv<{MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, pos, seq, cache, {call}); }}")
+             f"{{ lp_rope_kv<{MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, pos, seq, pages, cache, "
+             f"{call}); }}")
     return Kernel(name, "rope_kv", "rope_kv.cu", entry, THREADS)
 
 
@@ -94,8 +97,8 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     op, a = launch["op"], launch["attrs"]
     if op not in ("rope_kv", "norm_rope_kv"):
         raise BuildError(f"rope_kv: no kernel for op {op}")
-    q, k, v, pos, seq, cache = launch["args"][:6]
-    extra = launch["args"][6:]
+    q, k, v, pos, seq, pages, cache = launch["args"][:7]
+    extra = launch["args"][7:]
     q_out = launch["outs"][0]
     rows, width = ctx.shape(q)
     heads, kv_heads, dims = a["heads"], a["kv_heads"], a["dims"]
@@ -104,13 +107,13 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         raise BuildError(f"rope_kv: {heads} heads of {width} features cannot rotate {dims} dims")
     norm = op == "norm_rope_kv"
     factors = None if norm or not extra else extra[0]["weight"]
-    args = [q, k, v, pos, seq, cache, table_ref(a, factors)]
+    args = [q, k, v, pos, seq, pages, cache, table_ref(a, factors)]
     if norm:
         if ctx.shape(extra[0])[0] != d or ctx.shape(extra[1])[0] != d:
             raise BuildError(f"norm_rope_kv: q/k norm weights must have head_dim {d} values")
         args += [extra[0], extra[1]]
-    args += [q_out, scalar(heads), scalar(kv_heads), scalar(d), scalar(dims), scalar(a["layer"]), scalar("slots"),
-             scalar("ctx")]
+    args += [q_out, scalar(heads), scalar(kv_heads), scalar(d), scalar(dims), scalar(a["layer"]), scalar("pages"),
+             scalar("blocks")]
     if norm:
         args.append(scalar(a["eps"], "f32"))
     return [Launch(kernel(a["mode"], norm), (heads + kv_heads, grid_dim(rows)), args)]

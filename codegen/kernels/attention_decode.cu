@@ -5,7 +5,10 @@
 // min(pos+1, (j+1)*CHUNK)) of one K/V head once and computes, for all G = heads / kv_heads query heads
 // that share it (GQA), the slice's partial result: exp-weighted V sum [D], max score m, exp sum l,
 // written to part [rows, heads, splits, D + 2]. Splits with no positions (outside the window or past
-// pos) get (0, -inf, 0). This is models/numerics.py attention_partials / attend, in its order:
+// pos) get (0, -inf, 0). The cache is paged (common.cuh): the chunk is CHUNK / LP_PAGE whole pages of
+// the row's sequence (16 for a 256-position chunk), whose blocks the block reads from the page table
+// once, into shared memory, while it loads q. This is models/numerics.py attention_partials / attend,
+// in its order:
 //   1. scores s[g][n] = (sum_d f16(q[g][d]) * k[n][d]) * scale in float32 (q rounded to f16 where it
 //      meets the f16 cache; the products of two f16 values are exact in float32);
 //   2. m[g] = max_n s, e = exp(s - m), l[g] = sum_n e (the unrounded e);
@@ -14,9 +17,11 @@
 //
 // Why it is fast (decode is memory bound: the K/V slice is the traffic): a position's K (or V) row of
 // one head is D halves; L = D/8 lanes (a power of two, at most 32) each take 16 bytes of it with one
-// 128-bit load, so a wave reads WAVE/L whole rows per instruction, fully coalesced, and every K/V byte
-// is read once for all G query heads (q for the G heads sits in registers). Each thread issues U = 4
-// independent loads before using them (NT * 64 bytes in flight per block). Scores and f16 weights
+// 128-bit load, so a wave reads WAVE/L whole rows per instruction, fully coalesced (a page holds 16
+// consecutive positions, so the rows a wave reads at once lie in one or two blocks), and every K/V
+// byte is read once for all G query heads (q for the G heads sits in registers). A position's block
+// comes from shared memory (a broadcast read: no global load in a K/V address's chain). Each thread
+// issues U = 4 independent loads before using them (NT * 64 bytes in flight per block). Scores and f16 weights
 // live in shared memory between the K and the V pass; the V pass accumulates G x 8 outputs per lane,
 // reduced over the position groups of a wave with shuffles and over waves with a halving tree in the
 // same shared memory. The grid (splits x kv_heads x rows) fills the GPU from one sequence once the
@@ -61,28 +66,31 @@ template <int D, int G, class F> __device__ __forceinline__ void lp_attn_slices(
   }
 }
 
-// U positions' K or V rows for this lane: slices c of positions n0 + pg + u * NG (u < U) of the rows at
-// base (kv_dim halves apart), zeros past position hi or the head
+// U positions' K or V rows for this lane: slices c of positions n0 + pg + u * NG (u < U) of the head at
+// `head` in its plane, position n in cache row rows[(n - c0) / LP_PAGE] + n % LP_PAGE (rows: the first
+// row, block * LP_PAGE, of each page of the chunk); zeros past position hi or the head
 template <int D, int U, int NG>
-__device__ __forceinline__ void lp_attn_load(const lp_half* base, size_t kv_dim, int n0, int pg, int li, int hi,
-                                             lp_u4 (&r)[U][LpAttnShape<D>::C]) {
+__device__ __forceinline__ void lp_attn_load(const lp_half* head, const int* rows, int c0, int kv_dim, int n0, int pg,
+                                             int li, int hi, lp_u4 (&r)[U][LpAttnShape<D>::C]) {
   constexpr int L = LpAttnShape<D>::L, C = LpAttnShape<D>::C;
   #pragma unroll
   for (int u = 0; u < U; ++u) {
     const int n = n0 + pg + u * NG;
+    const unsigned o = lp_min(n, hi - 1) - c0;  // position in the chunk (c0 is page-aligned), clamped
+    const lp_half* row = head + (size_t)(rows[o / LP_PAGE] + o % LP_PAGE) * (unsigned)kv_dim;
     #pragma unroll
     for (int c = 0; c < C; ++c) {
       const int dim = (c * L + li) * 8;
-      r[u][c] = (n < hi && dim < D) ? lp_load16(base + (size_t)n * kv_dim + dim) : lp_zero16();
+      r[u][c] = (n < hi && dim < D) ? lp_load16(row + dim) : lp_zero16();
     }
   }
 }
 
 template <int D, int G, int CHUNK, int NT>
 __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half* __restrict__ cache,
-                                     const int* __restrict__ seq, const int* __restrict__ pos,
-                                     float* __restrict__ part, int layer, int slots, int ctx, int kv_heads,
-                                     int splits, int window, float scale) {
+                                     const int* __restrict__ seq, const int* __restrict__ pages,
+                                     const int* __restrict__ pos, float* __restrict__ part, int layer, int npages,
+                                     int blocks, int kv_heads, int splits, int window, float scale) {
   constexpr int L = LpAttnShape<D>::L, C = LpAttnShape<D>::C;
   constexpr int NG = NT / L;     // position groups per block
   constexpr int NW = NT / WAVE;  // waves per block (a power of two)
@@ -90,14 +98,16 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
   constexpr int RED = (NW > 1 ? NW / 2 : 0) * G * D;
   constexpr int SC = G * CHUNK;
   static_assert(NT % WAVE == 0 && WAVE % L == 0, "position groups tile the waves");
+  static_assert(CHUNK % LP_PAGE == 0, "a chunk is whole pages");
   __shared__ float smem[RED > SC ? RED : SC];  // scores / f16 weights, then the cross-wave reduction
   __shared__ float stat[2 * G];                // m, l per query head
+  __shared__ int spage[CHUNK / LP_PAGE];       // the first cache row of each page of the chunk
 
   const int j = lp_bid(), kvh = lp_bid_y(), r = lp_bid_z();
   const int heads = kv_heads * G;
-  const int p = pos[r], slot = seq[r];
+  const int p = pos[r];
   const int first = window > 0 ? lp_max(0, p - window + 1) : 0;
-  const int lo = lp_max(first, j * CHUNK), hi = lp_min(p + 1, (j + 1) * CHUNK);
+  const int c0 = j * CHUNK, lo = lp_max(first, c0), hi = lp_min(p + 1, c0 + CHUNK);
   const size_t hstride = (size_t)splits * (D + 2);
   float* outp = part + (((size_t)r * heads + (size_t)kvh * G) * splits + j) * (D + 2);
 
@@ -109,10 +119,14 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
     return;
   }
 
+  // the pages holding [lo, hi), from the table (no other entry of its row is read: it may be unset)
+  const int* table = pages + (size_t)seq[r] * npages + c0 / LP_PAGE;
+  for (int i = (lo - c0) / LP_PAGE + lp_tid(); i <= (hi - 1 - c0) / LP_PAGE; i += NT) spage[i] = table[i] * LP_PAGE;
+
   const int li = lp_tid() % L, pg = lp_tid() / L;
-  const size_t kv_dim = (size_t)kv_heads * D;
-  const lp_half* kb = cache + (((size_t)layer * 2 * slots + slot) * ctx) * kv_dim + (size_t)kvh * D;
-  const lp_half* vb = kb + (size_t)slots * ctx * kv_dim;
+  const int kv_dim = kv_heads * D;
+  const lp_half* kb = cache + lp_kv_plane(layer, 0, blocks, kv_dim) + (size_t)kvh * D;
+  const lp_half* vb = cache + lp_kv_plane(layer, 1, blocks, kv_dim) + (size_t)kvh * D;
 
   // this lane's query slices for the G heads, rounded to f16 (zeros past the head)
   float qv[G][C][8] = {};
@@ -123,12 +137,13 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
     #pragma unroll
     for (int e = 0; e < 8; ++e) qv[g][c][e] = lp_f16_round(x[e]);
   });
+  lp_sync();  // spage is written
 
   // K pass: scores into shared memory. Loop bounds are block-uniform, so every lane reaches the shuffles.
   float* sc = smem;
   for (int n0 = lo; n0 < hi; n0 += NG * U) {
     lp_u4 kr[U][C];
-    lp_attn_load<D, U, NG>(kb, kv_dim, n0, pg, li, hi, kr);
+    lp_attn_load<D, U, NG>(kb, spage, c0, kv_dim, n0, pg, li, hi, kr);
     #pragma unroll
     for (int u = 0; u < U; ++u) {
       float dot[G];
@@ -191,7 +206,7 @@ __device__ void lp_attention_partial(const float* __restrict__ q, const lp_half*
   }
   for (int n0 = lo; n0 < hi; n0 += NG * U) {
     lp_u4 vr[U][C];
-    lp_attn_load<D, U, NG>(vb, kv_dim, n0, pg, li, hi, vr);
+    lp_attn_load<D, U, NG>(vb, spage, c0, kv_dim, n0, pg, li, hi, vr);
     #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int n = n0 + pg + u * NG;

@@ -1,10 +1,11 @@
 // common.cuh: what several kernel families share: 16-byte loads and stores, f16 bits as floats, float
 // operations never contracted into an FMA (where a kernel promises NumPy's float32 operation order),
 // the byte tricks that turn packed quants into int8 operands of lp_dot4, the K-quants' packed scales
-// (the mat-vec's and the GEMM's weight readers both unpack them), field planes of packed
-// activations, block reductions, and packing a row to 8-bit blocks with exactly the CPU twins' rounding
-// (models/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16 scale and round half to even;
-// q8_k takes the signed max of 256 values, iscale = -127/max, d = 1/iscale, with 16-value sums).
+// (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing,
+// field planes of packed activations, block reductions, and packing a row to 8-bit blocks with
+// exactly the CPU twins' rounding (models/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
+// scale and round half to even; q8_k takes the signed max of 256 values, iscale = -127/max,
+// d = 1/iscale, with 16-value sums).
 #pragma once
 #include "vendor.h"
 #include <stdint.h>
@@ -90,6 +91,19 @@ template <class B> __device__ __forceinline__ int lp_q3k_scale(B byte, int j) {
   const int lo = j < 8 ? byte(j) & 0x0F : byte(j - 8) >> 4;
   const int hi = (byte(8 + j % 4) >> (2 * (j / 4))) & 3;
   return (lo | (hi << 4)) - 32;
+}
+
+// The paged K/V cache [layers, 2 (K, V), blocks, LP_PAGE, kv_dim] of f16 (models/numerics.py PAGE, store_kv):
+// sequence s's position p lives in block pages[s * npages + p / LP_PAGE] at offset p % LP_PAGE, npages
+// being the page table's row length. lp_kv_plane is the first element of the K (kv 0) or V (kv 1) plane
+// of a layer; a position's row of kv_dim features starts lp_kv_row(block, offset, kv_dim) after it.
+#define LP_PAGE 16
+__device__ __forceinline__ size_t lp_kv_plane(int layer, int kv, int blocks, int kv_dim) {
+  return (size_t)(layer * 2 + kv) * blocks * LP_PAGE * kv_dim;
+}
+// (a cache holds fewer than 2^32 positions: the position index is 32-bit, one wide multiply-add)
+__device__ __forceinline__ size_t lp_kv_row(int block, int offset, int kv_dim) {
+  return (size_t)((unsigned)block * LP_PAGE + (unsigned)offset) * (unsigned)kv_dim;
 }
 
 // Planes start on 256-byte boundaries (models/formats.py PLANE_ALIGN).

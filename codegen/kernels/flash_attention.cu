@@ -1,12 +1,14 @@
 // flash_attention.cu: prefill attention over the f16 K/V cache, compute-bound.
 //
-// What it computes: models/numerics.py attention. Query row r (heads of D values) attends over slot
-// seq[r] of the cache's layer, positions [first, pos[r]] (first = pos[r] - window + 1 when window > 0,
-// else 0); query head h reads K/V head h / (heads / kv_heads). Q is rounded to f16, scores are f32 dot
-// products times `scale`, softmax in f32 (online: running max and sum, rescaled as the max grows), the
-// exp weights are rounded to f16 where they meet V, products accumulate in f32, out = acc / sum of the
-// unrounded weights. The twin rounds exp(s - final max) to f16 where this kernel rounds exp(s - running
-// max): an accumulation-order difference (NMSE well under 5e-4).
+// What it computes: models/numerics.py attention. Query row r (heads of D values) attends over sequence
+// seq[r]'s positions [first, pos[r]] (first = pos[r] - window + 1 when window > 0, else 0) in the
+// cache's layer; query head h reads K/V head h / (heads / kv_heads). The cache is paged (common.cuh):
+// position p of sequence s is in block pages[s * npages + p / LP_PAGE], offset p % LP_PAGE. Q is rounded
+// to f16, scores are f32 dot products times `scale`, softmax in f32 (online: running max and sum,
+// rescaled as the max grows), the exp weights are rounded to f16 where they meet V, products accumulate
+// in f32, out = acc / sum of the unrounded weights. The twin combines 256-position slices and rounds
+// exp(s - the slice's max) to f16 where this kernel rounds exp(s - running max): an accumulation-order
+// difference (NMSE well under 5e-4).
 //
 // lp_attention_flash<D>: matrix cores (mma.sync m16n8k16 f16 on sm_80+, WMMA f16 16x16x16 on gfx11).
 //   A block serves one K/V head and BQ = 16 * NW query vectors: RQ = BQ / G consecutive rows x the
@@ -17,7 +19,11 @@
 //   one query vector, and swaps half of P with the lane 16 away). K tiles [BKV][D] and V tiles stored
 //   transposed [D][BKV] sit in shared memory (rows padded by 16 bytes: conflict-free fragment loads).
 //   Rows of different sequences may share a tile (a chunk spans sequences): the block walks the distinct
-//   slots of its tile in turn, each over the union of its rows' ranges, with every other row masked.
+//   sequences of its tile in turn, each over the union of its rows' ranges, with every other row masked.
+//   K/V tiles are whole pages (BKV is a multiple of LP_PAGE; a walk starts at a page boundary), gathered
+//   through the page table: each tile's blocks sit in shared memory, read from the table one tile ahead
+//   (during the previous tile's loads), so no global load of the table is in a tile's address chain.
+//   Positions of a tile outside the walk's range load as zeros (V must be finite where P is 0).
 //   Shared memory (static): D=64: NW 4, BKV 64; D=128: NW 4, BKV 32; D=256: NW 2, BKV 16 (LpFlashCfg).
 // lp_attention_rows<D>: no matrix cores, every target. One block of 128 threads per (row, query head):
 //   each wave takes WAVE-position chunks (one score per lane, then the chunk's weights meet V with lanes
@@ -77,9 +83,9 @@ __device__ __forceinline__ int lp_first_position(int p, int window) { return win
 // ---- flash (matrix cores) ----------------------------------------------------------------------
 template <int D>
 __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, const lp_half* __restrict__ cache,
-                                   const int* __restrict__ seq, const int* __restrict__ posv, float* __restrict__ out,
-                                   int rows, int heads, int kv_heads, int slots, int ctx, int layer, float scale,
-                                   int window) {
+                                   const int* __restrict__ seq, const int* __restrict__ pages,
+                                   const int* __restrict__ posv, float* __restrict__ out, int rows, int heads,
+                                   int kv_heads, int npages, int blocks, int layer, float scale, int window) {
 #if defined(LP_MMA) || defined(LP_WMMA)
   constexpr int NW = LpFlashCfg<D>::NW, BKV = LpFlashCfg<D>::BKV, BQ = 16 * NW, THREADS = 32 * NW;
   constexpr int QW = D / 2 + 4;    // words per Q / K row in shared memory (16 bytes of padding)
@@ -87,7 +93,14 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
   __shared__ unsigned sq[BQ * QW];
   __shared__ unsigned sk[BKV * QW];
   __shared__ unsigned svt[D * VW];
-  __shared__ int sslot[BQ], spos[BQ], sfirst[BQ], sred[NW];
+  __shared__ int sseq[BQ], spos[BQ], sfirst[BQ], sred[NW];
+  constexpr int TP = BKV / LP_PAGE;  // pages per K/V tile
+  // a tile's loads per thread: KL of K (rows KR apart), VL pairs of V (chunks VC apart)
+  constexpr int KR = THREADS / (D / 8), KL = BKV / KR, VC = THREADS / (BKV / 2), VL = D / 8 / VC;
+  static_assert(BKV % LP_PAGE == 0, "a K/V tile is whole pages");
+  static_assert(KR * (D / 8) == THREADS && KL * KR == BKV && VC * (BKV / 2) == THREADS && VL * VC == D / 8,
+                "the threads tile the K/V tiles");
+  __shared__ int sblk[2][TP];  // the blocks of this tile's pages and of the next tile's
 
   const int tid = lp_tid(), wave = lp_wave(), lane = lp_lane();
   const int G = heads / kv_heads, kvh = lp_bid_y(), RQ = BQ / G;
@@ -97,7 +110,7 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
     const int row = r0 + v / G;
     const bool ok = v < RQ * G && row < rows;
     const int p = ok ? posv[row] : -1;
-    sslot[v] = ok ? seq[row] : -1;
+    sseq[v] = ok ? seq[row] : -1;
     spos[v] = p;
     sfirst[v] = ok ? lp_first_position(p, window) : LP_BIG;
   }
@@ -120,8 +133,8 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
   }
   lp_sync();
 
-  const lp_half* kbase = cache + ((size_t)layer * 2 * slots) * ctx * kvdim + (size_t)kvh * D;
-  const lp_half* vbase = kbase + (size_t)slots * ctx * kvdim;
+  const lp_half* kbase = cache + lp_kv_plane(layer, 0, blocks, kvdim) + (size_t)kvh * D;
+  const lp_half* vbase = cache + lp_kv_plane(layer, 1, blocks, kvdim) + (size_t)kvh * D;
 
 #if defined(LP_MMA)
   // lane: rows g, g + 8 of the wave's 16 vectors; accumulator columns 2t, 2t + 1
@@ -145,44 +158,69 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
   int prev = -1;
   #pragma unroll 1
   while (true) {
-    // the next slot of the tile, and the union of its rows' ranges
+    // the next sequence of the tile, and the union of its rows' ranges
     int cand = LP_BIG;
     for (int v = tid; v < BQ; v += THREADS)
-      if (sslot[v] > prev) cand = lp_min(cand, sslot[v]);
+      if (sseq[v] > prev) cand = lp_min(cand, sseq[v]);
     const int S = lp_block_min_i(cand, sred);
     if (S == LP_BIG) break;
     int lo = LP_BIG, hi_neg = LP_BIG;
     for (int v = tid; v < BQ; v += THREADS)
-      if (sslot[v] == S) {
+      if (sseq[v] == S) {
         lo = lp_min(lo, sfirst[v]);
         hi_neg = lp_min(hi_neg, -(spos[v] + 1));
       }
     lo = lp_block_min_i(lo, sred);
     const int hi_end = -lp_block_min_i(hi_neg, sred);
     // this wave's own range (a wave skips tiles no row of its own needs)
-    const bool mine = sslot[my_v] == S;
+    const bool mine = sseq[my_v] == S;
     const int wlo = lp_wave_min_i(mine ? sfirst[my_v] : LP_BIG);
     const int whi = -lp_wave_min_i(mine ? -(spos[my_v] + 1) : LP_BIG);
-    const size_t slot_off = (size_t)S * ctx * kvdim;
+    // S's page table row: only the pages holding [lo, hi_end) are read (the others may be unset)
+    const int* table = pages + (size_t)S * npages;
+    const int first_page = lo / LP_PAGE, last_page = (hi_end - 1) / LP_PAGE;
+    if (tid < TP) sblk[0][tid] = first_page + tid <= last_page ? table[first_page + tid] : 0;
 
+    int buf = 0;
     #pragma unroll 1
-    for (int j0 = lo; j0 < hi_end; j0 += BKV) {
-      lp_sync();  // the previous tile is consumed
-      for (int i = tid; i < BKV * (D / 8); i += THREADS) {
-        const int r = i / (D / 8), c = i % (D / 8), p = j0 + r;
-        const lp_u4 v = p < hi_end ? lp_load16(kbase + slot_off + (size_t)p * kvdim + c * 8) : lp_zero16();
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) sk[r * QW + c * 4 + j] = v.w[j];
+    for (int j0 = first_page * LP_PAGE; j0 < hi_end; j0 += BKV, buf ^= 1) {
+      lp_sync();  // the previous tile is consumed; this tile's blocks are in sblk[buf]
+      const int* blk = sblk[buf];
+      if (tid < TP) {  // the next tile's blocks, published by the barrier after the loads
+        const int pn = j0 / LP_PAGE + TP + tid;
+        sblk[buf ^ 1][tid] = pn <= last_page ? table[pn] : 0;
       }
-      // V transposed: word pp of row d holds positions 2pp, 2pp + 1 (zeros past the range: P is 0 there)
-      for (int i = tid; i < (BKV / 2) * (D / 8); i += THREADS) {
-        const int pp = i % (BKV / 2), c = i / (BKV / 2), p = j0 + 2 * pp;
-        const lp_u4 v0 = p < hi_end ? lp_load16(vbase + slot_off + (size_t)p * kvdim + c * 8) : lp_zero16();
-        const lp_u4 v1 = p + 1 < hi_end ? lp_load16(vbase + slot_off + (size_t)(p + 1) * kvdim + c * 8) : lp_zero16();
+      // Thread t loads chunk kc = t % (D / 8) of the K rows t / (D / 8) + k * KR, then the V pairs at
+      // positions vrow, vrow + 1 of the chunks t / (BKV / 2) + k * VC (16 bytes each). Each phase reads
+      // its rows' blocks from shared memory before it stores anything: a shared load after the tile's
+      // shared stores would wait for them, and its global load with it. So the K loads are all in
+      // flight at once, and so are the V loads, after the K stores (one phase's loads at a time bounds
+      // the registers).
+      const int kc = tid % (D / 8), vrow = 2 * (tid % (BKV / 2));
+      int kblk[KL];
+      #pragma unroll
+      for (int k = 0; k < KL; ++k) kblk[k] = blk[(tid / (D / 8) + k * KR) / LP_PAGE];
+      #pragma unroll
+      for (int k = 0; k < KL; ++k) {
+        const int r = tid / (D / 8) + k * KR, p = j0 + r;
+        const lp_half* src = kbase + lp_kv_row(kblk[k], r % LP_PAGE, kvdim) + kc * 8;
+        const lp_u4 v = p >= lo && p < hi_end ? lp_load16(src) : lp_zero16();
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) sk[r * QW + kc * 4 + j] = v.w[j];
+      }
+      // V transposed: word vrow / 2 of row d holds positions vrow, vrow + 1 (one page: the tile starts on
+      // one); zeros outside the range, where P is 0
+      const int vblk = blk[vrow / LP_PAGE], pv = j0 + vrow;
+      #pragma unroll
+      for (int k = 0; k < VL; ++k) {
+        const int c = tid / (BKV / 2) + k * VC;
+        const lp_half* src = vbase + lp_kv_row(vblk, vrow % LP_PAGE, kvdim) + c * 8;
+        const lp_u4 v0 = pv >= lo && pv < hi_end ? lp_load16(src) : lp_zero16();
+        const lp_u4 v1 = pv + 1 >= lo && pv + 1 < hi_end ? lp_load16(src + kvdim) : lp_zero16();
         #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          svt[(c * 8 + 2 * j) * VW + pp] = (v0.w[j] & 0xFFFFu) | (v1.w[j] << 16);
-          svt[(c * 8 + 2 * j + 1) * VW + pp] = (v0.w[j] >> 16) | (v1.w[j] & 0xFFFF0000u);
+          svt[(c * 8 + 2 * j) * VW + vrow / 2] = (v0.w[j] & 0xFFFFu) | (v1.w[j] << 16);
+          svt[(c * 8 + 2 * j + 1) * VW + vrow / 2] = (v0.w[j] >> 16) | (v1.w[j] & 0xFFFF0000u);
         }
       }
       lp_sync();
@@ -210,7 +248,7 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
       #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int v = h ? vb : va;
-        const int vs = sslot[v], vf = sfirst[v], vp = spos[v];
+        const int vs = sseq[v], vf = sfirst[v], vp = spos[v];
         #pragma unroll
         for (int ni = 0; ni < BKV / 8; ++ni)
           #pragma unroll
@@ -276,7 +314,7 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
         for (int fi = 0; fi < BKV / 16; ++fi)
           st[fi] = lp_wmma_f16(lp_words_h16(&sk[(fi * 16 + li) * QW + kd * 8]), b, st[fi]);
       }
-      const int vs = sslot[va], vf = sfirst[va], vp = spos[va];
+      const int vs = sseq[va], vf = sfirst[va], vp = spos[va];
       float mx = -__builtin_inff();
       float s[BKV / 16][8];
       #pragma unroll
@@ -362,8 +400,8 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
   }
 #endif
 #else
-  (void)q; (void)cache; (void)seq; (void)posv; (void)out; (void)rows; (void)heads; (void)kv_heads; (void)slots;
-  (void)ctx; (void)layer; (void)scale; (void)window;
+  (void)q; (void)cache; (void)seq; (void)pages; (void)posv; (void)out; (void)rows; (void)heads; (void)kv_heads;
+  (void)npages; (void)blocks; (void)layer; (void)scale; (void)window;
   __builtin_trap();  // no matrix cores here: the family declares itself unsupported (codegen/targets.py)
 #endif
 }
@@ -371,12 +409,14 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
 // ---- rows (no matrix cores) --------------------------------------------------------------------
 // grid (rows, heads), 128 threads. Wave w takes WAVE-position chunks w, w + NWR, ...: lane l scores
 // position base + l against the f16-rounded query (from shared memory), then the chunk's weights
-// (f16-rounded) meet V with each lane holding D / WAVE output values.
+// (f16-rounded) meet V with each lane holding D / WAVE output values. Lane l looks up the block of
+// position base + l (one chunk ahead, so the table read is in flight while the chunk computes) and
+// hands it to the other lanes with a shuffle when they read that position's V row.
 template <int D>
 __device__ __forceinline__ void lp_attention_rows(const float* __restrict__ q, const lp_half* __restrict__ cache,
-                                  const int* __restrict__ seq, const int* __restrict__ posv, float* __restrict__ out,
-                                  int rows, int heads, int kv_heads, int slots, int ctx, int layer, float scale,
-                                  int window) {
+                                  const int* __restrict__ seq, const int* __restrict__ pages,
+                                  const int* __restrict__ posv, float* __restrict__ out, int rows, int heads,
+                                  int kv_heads, int npages, int blocks, int layer, float scale, int window) {
   static_assert(D % WAVE == 0 && D <= 256, "head dim: a multiple of the wave width, up to 256");
   constexpr int NWR = 128 / WAVE, DL = D / WAVE;  // waves; output values per lane
   __shared__ float sq[D];
@@ -388,18 +428,21 @@ __device__ __forceinline__ void lp_attention_rows(const float* __restrict__ q, c
   for (int i = lp_tid(); i < D; i += lp_bdim()) sq[i] = lp_h2f(lp_f2h(q[(size_t)row * heads * D + (size_t)h * D + i]));
   lp_sync();
   const int p = posv[row], lo = lp_first_position(p, window), hi_end = p + 1;
-  const size_t base = ((size_t)(layer * 2) * slots + seq[row]) * ctx * kvdim + (size_t)kvh * D;
-  const lp_half* kb = cache + base;
-  const lp_half* vb = cache + base + (size_t)slots * ctx * kvdim;
+  const lp_half* kb = cache + lp_kv_plane(layer, 0, blocks, kvdim) + (size_t)kvh * D;
+  const lp_half* vb = cache + lp_kv_plane(layer, 1, blocks, kvdim) + (size_t)kvh * D;
+  const int* table = pages + (size_t)seq[row] * npages;
+  auto block_of = [&](int pl) { return pl < hi_end ? table[pl / LP_PAGE] : 0; };  // the table past hi_end: unset
   float m = -__builtin_inff(), l = 0.0f, acc[DL];
   #pragma unroll
   for (int i = 0; i < DL; ++i) acc[i] = 0.0f;
+  int blk = block_of(lo + wave * WAVE + lane);
   #pragma unroll 1
   for (int c0 = lo + wave * WAVE; c0 < hi_end; c0 += NWR * WAVE) {
     const int pl = c0 + lane;
+    const int next = block_of(pl + NWR * WAVE);
     float s = -__builtin_inff();
     if (pl < hi_end) {
-      const lp_half* kr = kb + (size_t)pl * kvdim;
+      const lp_half* kr = kb + lp_kv_row(blk, pl % LP_PAGE, kvdim);
       float dot = 0.0f;
       #pragma unroll 4
       for (int c = 0; c < D / 8; ++c) {
@@ -424,10 +467,11 @@ __device__ __forceinline__ void lp_attention_rows(const float* __restrict__ q, c
     #pragma unroll 1
     for (int j = 0; j < n; ++j) {
       const float pj = lp_shfl(pr, j);
-      const lp_half* vr = vb + (size_t)(c0 + j) * kvdim + lane * DL;
+      const lp_half* vr = vb + lp_kv_row(lp_shfl(blk, j), (c0 + j) % LP_PAGE, kvdim) + lane * DL;
       #pragma unroll
       for (int i = 0; i < DL; ++i) acc[i] = __builtin_fmaf(pj, lp_h2f(vr[i]), acc[i]);
     }
+    blk = next;
   }
   if (lane == 0) {
     sm[wave] = m;

@@ -2,10 +2,12 @@
 // (ops rope_kv and norm_rope_kv; CPU twin runtime/cpu_kernels.py rope_kv).
 //
 // Grid (heads + kv_heads, rows), THREADS threads: block x < heads rotates query head x of row r into
-// q_out; block heads + h rotates key head h and writes it, and value head h, as f16 into the cache at
-// [layer, 0 / 1, seq[r], pos[r]]. With NORM (Gemma 3), each head is first RMS-normalised with
-// q_norm / k_norm, with norm.cu's own arithmetic (lp_rms_scale: squares summed in double, then
-// (x * scale) * w in float), exactly as numerics.rmsnorm.
+// q_out; block heads + h rotates key head h and writes it, and value head h, as f16 into the paged
+// cache (common.cuh lp_kv_plane / lp_kv_row) at position pos[r] of sequence seq[r]: block
+// pages[seq[r] * npages + pos[r] / LP_PAGE] (npages: the page table's row length), offset
+// pos[r] % LP_PAGE. With NORM (Gemma 3), each head is first RMS-normalised with q_norm / k_norm, with
+// norm.cu's own arithmetic (lp_rms_scale: squares summed in double, then (x * scale) * w in float),
+// exactly as numerics.rmsnorm.
 //
 // The rotation reads (cos, sin) for position pos[r] from a table [positions, dims / 2] of float32
 // pairs that the runtime computes once with NumPy in float64, as numerics.rope does, and rounds to
@@ -24,10 +26,11 @@
 
 template <int MODE, bool NORM>
 __device__ void lp_rope_kv(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-                           const int* __restrict__ pos, const int* __restrict__ seq, lp_half* __restrict__ cache,
+                           const int* __restrict__ pos, const int* __restrict__ seq,
+                           const int* __restrict__ pages, lp_half* __restrict__ cache,
                            const float* __restrict__ table, const float* __restrict__ q_norm,
                            const float* __restrict__ k_norm, float* __restrict__ q_out, int heads, int kv_heads,
-                           int d, int dims, int layer, int slots, int ctx, float eps) {
+                           int d, int dims, int layer, int npages, int blocks, float eps) {
   __shared__ double scratch[32];
   const int hb = lp_bid(), r = lp_bid_y();
   const bool is_q = hb < heads;  // block-uniform
@@ -42,9 +45,12 @@ __device__ void lp_rope_kv(const float* __restrict__ q, const float* __restrict_
   };
 
   const int p = pos[r];
-  const size_t kv_dim = (size_t)kv_heads * d;
-  const size_t krow = ((((size_t)layer * 2 + 0) * slots + seq[r]) * ctx + p) * kv_dim + (size_t)h * d;
-  const size_t vrow = krow + (size_t)slots * ctx * kv_dim;
+  const int kv_dim = kv_heads * d;
+  // K/V blocks look up the position's page once; query blocks never touch the cache or the table
+  const int block = is_q ? 0 : pages[(size_t)seq[r] * npages + p / LP_PAGE];
+  const size_t row = lp_kv_row(block, p % LP_PAGE, kv_dim) + (size_t)h * d;
+  const size_t krow = lp_kv_plane(layer, 0, blocks, kv_dim) + row;
+  const size_t vrow = lp_kv_plane(layer, 1, blocks, kv_dim) + row;
   float* qo = q_out + ((size_t)r * heads + h) * d;
   auto store = [&](int f, float y) {
     if (is_q) qo[f] = y;
