@@ -77,7 +77,7 @@ def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES, workers
     if rows == 1 and workers == 1:
         return x @ w.T
     out = np.empty((rows, n), np.float32)
-    step = n if panel_bytes <= 0 else max(16, panel_bytes // max(1, w.shape[1] * w.itemsize)) // 16 * 16
+    step = panel_rows(panel_bytes, w.shape[1] * w.itemsize, n)
     x3 = x[:, None, :]
     starts = range(0, n, step)
 
@@ -91,6 +91,12 @@ def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES, workers
         with single_threaded_blas():
             list(_pool(workers).map(run, [starts[i::workers] for i in range(workers)]))
     return out
+
+
+def panel_rows(panel_bytes: int, row_bytes: int, n: int) -> int:
+    """Weight rows per panel: a multiple of 16 rows within `panel_bytes` (16 at least), or all n rows
+    when panel_bytes is 0."""
+    return n if panel_bytes <= 0 else min(n, max(16, panel_bytes // max(1, row_bytes)) // 16 * 16)
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from llmplan.runtime.sampler import SamplingParams
 from .compile import DEFAULT_CHUNK, cache_path, compile_model
 from .console import print_json
 from .devices import local_cpu
+from .tune_store import TuneStore
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +48,7 @@ def _plan_for(path: str, ctx: int | None) -> str:
     cached = cache_path(model, device, f"ctx{ctx or 'default'}")
     if not os.path.exists(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
-        compile_model(model, device, cached, ctx, DEFAULT_CHUNK)
+        compile_model(model, device, cached, ctx, DEFAULT_CHUNK, tune=TuneStore.from_flag(None))
     return cached
 
 
