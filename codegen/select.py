@@ -79,9 +79,10 @@ def decision_key(launch: dict[str, Any], ctx: Context) -> str:
         if "buf" in ref or "weight" in ref:
             return f"{ctx.dtype(ref)}[{'x'.join(str(ctx.bound(d)) for d in ctx.shape(ref))}]"
         return next(iter(ref))  # step state, the cache
+    parts = [family_module(launch, ctx).__name__.rsplit(".", 1)[1], launch["op"],
+             ",".join(operand(r) for r in launch["args"])]
     attrs = ",".join(f"{k}={v}" for k, v in sorted(launch["attrs"].items()) if k != "layer")
-    return (f"{family_module(launch, ctx).__name__.rsplit('.', 1)[1]}:{launch['op']}:"
-            f"{','.join(operand(r) for r in launch['args'])}:{attrs}")
+    return ":".join(parts + [attrs] if attrs else parts)
 
 
 @functools.lru_cache(maxsize=None)
@@ -156,8 +157,8 @@ def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tupl
                 elif not rest and not pruned:
                     how = "heuristic: the only member"
                 else:
-                    how = "heuristic: " + ("no entry, " if key and not measured else "") + \
-                          "first member that fits, in the family's order"
+                    why = "the measured winner does not fit, " if measured else "no entry, " if key else ""
+                    how = f"heuristic: {why}first member that fits, in the family's order"
                 chosen[phase][i] = Choice(name, launches, how, pruned, key)
                 continue
             pruned[name] = why

@@ -35,7 +35,8 @@ from tqdm import tqdm
 from llmplan.models import numerics as num
 
 from .devices import DeviceFacts
-from .probes import ROUND_SECONDS, Verdict, measure, provenance, record
+from . import probes
+from .probes import Verdict, measure, provenance, record
 from .tune_store import TuneStore
 
 PANELS = (256 << 10, 1 << 20, 4 << 20, 0)  # 0: one panel over all of w
@@ -132,7 +133,8 @@ def probe(p: Projection, cands: list[Strategy], round_seconds: float) -> Verdict
     copies = max(1, min(64, math.ceil(2 * _last_level_cache() / (4 * p.k * (sum(p.ns) + p.rows)))))
     ws = [ws0] + [[w.copy() for w in ws0] for _ in range(copies - 1)]
     xs = [rng.random((p.rows, p.k), np.float32) - np.float32(0.5) for _ in range(copies)]
-    reference = [np.concatenate([xs[0][r:r + 1] @ w.T for r in range(p.rows)]) for w in ws0]
+    with num.single_threaded_blas():  # the same bits as BLAS's threads give (tests/test_numerics.py), sooner
+        reference = [np.concatenate([xs[0][r:r + 1] @ w.T for r in range(p.rows)]) for w in ws0]
 
     def runner(s: Strategy):
         return lambda i: [num.matmul(xs[i % copies], w, s.panel_bytes, s.workers) for w in ws[i % copies]]
@@ -159,10 +161,11 @@ class Decision:
 
 
 def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], device: DeviceFacts,
-         store: TuneStore, measure_all: bool = False, round_seconds: float = ROUND_SECONDS) -> list[Decision]:
+         store: TuneStore, measure_all: bool = False, round_seconds: float | None = None) -> list[Decision]:
     """Decide every projection of a CPU plan and write the strategy into its launches. An entry in the
     store decides; a decision without a usable entry is probed and recorded (with `measure_all`, every
-    one is: `plan tune`); with the store off and not `measure_all`, the heuristic decides."""
+    one is: `plan tune`); with the store off and not `measure_all`, the heuristic decides. Each probe
+    times every candidate for `round_seconds` a round (probes.ROUND_SECONDS by default)."""
     decisions: dict[str, Decision] = {}
     for phase, p in phases.items():
         for launch in p["launches"]:
@@ -186,7 +189,8 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
         else:
             d.provenance = "heuristic: no entry (tune store off)"
     for d, cands in tqdm(todo, desc="probing", unit="decision", disable=None, file=sys.stderr):
-        entry = record(probe(d.projection, cands, round_seconds), device.tune_key, d.key, bid)
+        v = probe(d.projection, cands, round_seconds or probes.ROUND_SECONDS)
+        entry = record(v, device.tune_key, d.key, bid)
         eid = store.save(entry) if store.enabled else TuneStore.entry_id(device.tune_key, d.key, bid)
         _take(d, eid, entry, cands)
         d.probed = True
