@@ -8,11 +8,7 @@ each against llama.cpp's own tensors (tests/test_reference_llamacpp.py).
 
 from __future__ import annotations
 
-import functools
-from concurrent.futures import ThreadPoolExecutor
-
 import numpy as np
-from threadpoolctl import ThreadpoolController
 
 from .formats import ACTIVATION_FORMATS
 
@@ -64,32 +60,22 @@ ACTIVATIONS = {"silu": silu, "gelu_tanh": gelu_tanh}
 PANEL_BYTES = 4 << 20  # weight rows a panel of batched rows shares: about what stays in the last-level cache
 
 
-def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES, workers: int = 1) -> np.ndarray:
+def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES) -> np.ndarray:
     """x [rows, K] @ w[N, K].T in float32, every row its own matrix-vector product (BLAS sgemv: a row
     alone takes the same path). BLAS's matrix-matrix kernels sum a row's products in an order that
     depends on how many rows share the call, so a row's result would change with what is batched beside
-    it; here it never does, whatever the panel size or the threads (tests/test_numerics.py). Several rows
-    go through w one panel of rows at a time (`panel_bytes`, 0 for one panel over all of w) so that the
-    panel is read from memory once for all of them. With `workers` > 1 the panels are shared out among
-    that many threads, BLAS single-threaded in each, instead of BLAS threading every call: the CPU
-    strategies the tune store chooses between (plans/cpu_tuning.py)."""
+    it; here it never does, whatever the panel size (tests/test_numerics.py). Several rows go through w
+    one panel of rows at a time (`panel_bytes`; 0: one panel over all of w) so that the panel is read
+    from memory once for all of them; the best size depends on the shape and the machine, which is what
+    the tune store decides (plans/cpu_tuning.py)."""
     rows, n = x.shape[0], w.shape[0]
-    if rows == 1 and workers == 1:
+    if rows == 1:
         return x @ w.T
     out = np.empty((rows, n), np.float32)
     step = panel_rows(panel_bytes, w.shape[1] * w.itemsize, n)
     x3 = x[:, None, :]
-    starts = range(0, n, step)
-
-    def run(part: range) -> None:
-        for a in part:
-            np.matmul(x3, w[a:a + step].T, out=out[:, None, a:a + step])
-
-    if workers == 1 or len(starts) == 1:
-        run(starts)
-    else:
-        with single_threaded_blas():
-            list(_pool(workers).map(run, [starts[i::workers] for i in range(workers)]))
+    for a in range(0, n, step):
+        np.matmul(x3, w[a:a + step].T, out=out[:, None, a:a + step])
     return out
 
 
@@ -97,22 +83,6 @@ def panel_rows(panel_bytes: int, row_bytes: int, n: int) -> int:
     """Weight rows per panel: a multiple of 16 rows within `panel_bytes` (16 at least), or all n rows
     when panel_bytes is 0."""
     return n if panel_bytes <= 0 else min(n, max(16, panel_bytes // max(1, row_bytes)) // 16 * 16)
-
-
-@functools.cache
-def _pool(workers: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(workers, thread_name_prefix="llmplan-matmul")
-
-
-@functools.cache
-def _blas():
-    """The BLAS libraries NumPy loaded, as threadpoolctl controls them (none found: limits do nothing)."""
-    return ThreadpoolController().select(user_api="blas")
-
-
-def single_threaded_blas():
-    """A context in which BLAS calls use one thread each: the threads are the caller's."""
-    return _blas().limit(limits=1)
 
 
 # --- activation packing --------------------------------------------------------------------------

@@ -1,22 +1,22 @@
-"""The CPU backend's measured decision: how each projection runs its matrix-vector products.
+"""The CPU backend's measured decision: the panel size of each projection.
 
 Every projection (matmul, matmul_segmented, matmul_residual, and the fused tail's output head) computes
 each activation row as its own BLAS sgemv over panels of weight rows (models/numerics.matmul), so its
-bits never depend on the rows beside it. Two things about that change its speed with the shape (K, the
-weights' N, the phase's rows: 1 for decode, max_seqs for batched decode, the chunk for prefill) and
-not its bits:
-  - the panel size: how many weight rows the batch's rows share while they are in cache (256 KiB,
-    1 MiB, 4 MiB, or one panel over all of w);
-  - who runs in parallel: BLAS's own threads inside every call ("blas"), or the panels shared out
-    among one thread per core with BLAS single-threaded in each ("split<cores>"), which pays off where
-    the calls are too small for BLAS to thread (many rows, small panels).
-The heuristic, when the store has no entry (or is off), is numerics' default, "blas:p4m": 4 MiB panels,
-BLAS's threads. Float BLAS matrix-matrix products over several rows are not a candidate: their row
-results depend on the batch. Nor are integer block dot products on the packed bytes: their float sums
-round differently from the dequantized sgemv, and every candidate here must give the same bits.
+bits never depend on the rows beside it. The panel (how many weight rows the batch's rows share while
+they are in cache: 256 KiB, 1 MiB, 4 MiB, or one panel over all of w) changes the speed with the shape
+(K, the weights' N, the phase's rows: max_seqs for batched decode, the chunk for prefill) and with the
+machine (BLAS's threads: small panels win on one core, large ones on several), never the bits. A
+single row is one sgemv over all of w: decode with one sequence has nothing to decide.
 
-The chosen strategy travels in the launch: its member (the strategy's name) and attrs["strategy"],
-the arguments runtime/cpu_kernels.py passes to numerics.matmul.
+The heuristic, when the store has no entry (or is off), is numerics' default, 4 MiB panels ("p4m").
+Not candidates, and why: float BLAS matrix-matrix products over several rows (their row results depend
+on the batch); integer block dot products on the packed bytes (their float sums round differently from
+the dequantized sgemv: every candidate must give the same bits); threading the panels over a pool with
+BLAS single-threaded (measured on gemma3-270m, 2 cores: twice as slow per decode step, slower at 8 rows,
+and BLAS's spinning threads slow the pool further when both are used in one step).
+
+The chosen panel travels in the launch: its member (the strategy's name) and attrs["strategy"], the
+arguments runtime/cpu_kernels.py passes to numerics.matmul.
 """
 
 from __future__ import annotations
@@ -45,19 +45,17 @@ PANELS = (256 << 10, 1 << 20, 4 << 20, 0)  # 0: one panel over all of w
 @dataclass(frozen=True)
 class Strategy:
     panel_bytes: int
-    workers: int  # 1: BLAS's threads; more: that many threads share the panels
 
     @property
     def name(self) -> str:
         p = self.panel_bytes
-        panel = "all" if p <= 0 else f"p{p >> 20}m" if p % (1 << 20) == 0 else f"p{p >> 10}k"
-        return f"{'blas' if self.workers == 1 else f'split{self.workers}'}:{panel}"
+        return "all" if p <= 0 else f"p{p >> 20}m" if p % (1 << 20) == 0 else f"p{p >> 10}k"
 
     def attrs(self) -> dict[str, int]:
-        return {"panel_bytes": self.panel_bytes, "workers": self.workers}
+        return {"panel_bytes": self.panel_bytes}
 
 
-DEFAULT = Strategy(num.PANEL_BYTES, 1)
+DEFAULT = Strategy(num.PANEL_BYTES)
 
 
 @dataclass(frozen=True)
@@ -90,28 +88,21 @@ def projection(launch: dict[str, Any], buffers: list[dict[str, Any]], dims: dict
     return Projection(shapes[0][1], tuple(s[0] for s in shapes), rows if isinstance(rows, int) else dims[rows])
 
 
-def candidates(p: Projection, cores: int) -> list[Strategy]:
-    """The default first, then every other strategy that runs differently on this shape."""
-    def signature(s: Strategy) -> tuple:  # how numerics.matmul runs each weight's products
-        out = []
-        for n in p.ns:
-            step = num.panel_rows(s.panel_bytes, 4 * p.k, n)
-            workers = s.workers if -(-n // step) > 1 else 1  # one panel: no threads to share it
-            out.append("one sgemv" if p.rows == 1 and workers == 1 else (step, workers))
-        return tuple(out)
-
+def candidates(p: Projection) -> list[Strategy]:
+    """The default first, then every other panel size that splits this shape's weights differently."""
+    if p.rows == 1:
+        return [DEFAULT]  # one sgemv over all of w, whatever the panel
     seen: dict[tuple, Strategy] = {}
-    for s in [DEFAULT] + [Strategy(panel, w) for w in sorted({1, cores}) for panel in PANELS]:
-        seen.setdefault(signature(s), s)
+    for s in [DEFAULT] + [Strategy(panel) for panel in PANELS]:
+        seen.setdefault(tuple(num.panel_rows(s.panel_bytes, 4 * p.k, n) for n in p.ns), s)
     return list(seen.values())
 
 
 def build_id() -> str:
     """What the measurements measured: the projection code, NumPy and its BLAS library."""
-    blas = [{k: lib.get(k) for k in ("internal_api", "version", "architecture", "threading_layer")}
-            for lib in num._blas().info()]
-    code = [inspect.getsource(f) for f in (num.matmul, num.panel_rows, num.single_threaded_blas)]
-    return hashlib.sha256(repr((code, np.__version__, blas)).encode()).hexdigest()[:16]
+    blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
+    code = [inspect.getsource(f) for f in (num.matmul, num.panel_rows)]
+    return hashlib.sha256(repr((code, np.__version__, blas.get("name"), blas.get("version"))).encode()).hexdigest()[:16]
 
 
 def _last_level_cache() -> int:
@@ -133,11 +124,10 @@ def probe(p: Projection, cands: list[Strategy], round_seconds: float) -> Verdict
     copies = max(1, min(64, math.ceil(2 * _last_level_cache() / (4 * p.k * (sum(p.ns) + p.rows)))))
     ws = [ws0] + [[w.copy() for w in ws0] for _ in range(copies - 1)]
     xs = [rng.random((p.rows, p.k), np.float32) - np.float32(0.5) for _ in range(copies)]
-    with num.single_threaded_blas():  # the same bits as BLAS's threads give (tests/test_numerics.py), sooner
-        reference = [np.concatenate([xs[0][r:r + 1] @ w.T for r in range(p.rows)]) for w in ws0]
+    reference = [np.concatenate([xs[0][r:r + 1] @ w.T for r in range(p.rows)]) for w in ws0]
 
     def runner(s: Strategy):
-        return lambda i: [num.matmul(xs[i % copies], w, s.panel_bytes, s.workers) for w in ws[i % copies]]
+        return lambda i: [num.matmul(xs[i % copies], w, s.panel_bytes) for w in ws[i % copies]]
 
     def check(outs) -> str:
         same = all(np.array_equal(o, r) for o, r in zip(outs, reference))
@@ -162,26 +152,30 @@ class Decision:
 
 def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], device: DeviceFacts,
          store: TuneStore, measure_all: bool = False, round_seconds: float | None = None) -> list[Decision]:
-    """Decide every projection of a CPU plan and write the strategy into its launches. An entry in the
-    store decides; a decision without a usable entry is probed and recorded (with `measure_all`, every
-    one is: `plan tune`); with the store off and not `measure_all`, the heuristic decides. Each probe
-    times every candidate for `round_seconds` a round (probes.ROUND_SECONDS by default)."""
+    """Decide the panel of every projection of a CPU plan and write it into the launches; returns the
+    decisions (projections with more than one candidate). An entry in the store decides; a decision
+    without a usable entry is probed and recorded (with `measure_all`, every one is: `plan tune`);
+    with the store off and not `measure_all`, the heuristic decides. Each probe times every candidate
+    for `round_seconds` a round (probes.ROUND_SECONDS by default)."""
     decisions: dict[str, Decision] = {}
     for phase, p in phases.items():
         for launch in p["launches"]:
             proj = projection(launch, p["buffers"], p["dims"], weights)
-            if proj is not None:
-                d = decisions.setdefault(proj.key, Decision(proj.key, proj))
-                d.launches.append(launch)
-                d.phases[phase] = d.phases.get(phase, 0) + 1
+            if proj is None:
+                continue
+            launch["member"], launch["attrs"]["strategy"] = DEFAULT.name, DEFAULT.attrs()
+            if len(candidates(proj)) == 1:
+                launch["provenance"] = "one row: a single sgemv over all of w, nothing to decide"
+                continue
+            d = decisions.setdefault(proj.key, Decision(proj.key, proj))
+            d.launches.append(launch)
+            d.phases[phase] = d.phases.get(phase, 0) + 1
     bid = build_id()
     todo = []
     for d in decisions.values():
-        cands = candidates(d.projection, device.multiprocessors)
+        cands = candidates(d.projection)
         look = store.load(device.tune_key, d.key, bid)
-        if len(cands) == 1:
-            d.provenance = "heuristic: the only candidate on this CPU"
-        elif look.entry is not None and not measure_all and look.entry["winner"] in {s.name for s in cands}:
+        if look.entry is not None and not measure_all and look.entry["winner"] in {s.name for s in cands}:
             _take(d, look.id, look.entry, cands)
         elif store.enabled or measure_all:
             d.replaced = look.why if look.why not in ("missing", "off") else ""
@@ -196,10 +190,8 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
         d.probed = True
     for d in decisions.values():
         for launch in d.launches:
-            launch["member"] = d.strategy.name
-            launch["attrs"]["strategy"] = d.strategy.attrs()
-            launch["provenance"] = d.provenance
-            launch["decision"] = d.key
+            launch["member"], launch["attrs"]["strategy"] = d.strategy.name, d.strategy.attrs()
+            launch["provenance"], launch["decision"] = d.provenance, d.key
     return list(decisions.values())
 
 

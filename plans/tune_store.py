@@ -58,8 +58,8 @@ class Lookup:
 
 
 class TuneStore:
-    def __init__(self, root: Path | None):
-        self.root = root
+    def __init__(self, root: str | os.PathLike | None):
+        self.root = Path(root) if root is not None else None
 
     @classmethod
     def from_flag(cls, flag: str | None) -> TuneStore:

@@ -90,8 +90,8 @@ def pack(op, a, out, x):
 
 
 def _strategy(a) -> dict[str, int]:
-    """How a projection runs its products (panel_bytes, workers), as the planner chose it from the tune
-    store (plans/cpu_tuning.py); every strategy gives the same bits. None recorded: numerics' defaults."""
+    """How a projection runs its products (panel_bytes), as the planner chose it from the tune store
+    (plans/cpu_tuning.py); every choice gives the same bits. None recorded: numerics' default."""
     return a.get("strategy", {})
 
 

@@ -3,8 +3,6 @@ computed beside it, so batching sequences or recomputing them changes no bit."""
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 import pytest
 
@@ -21,14 +19,10 @@ def test_matmul_rows_are_independent_of_the_batch(k, n):
     x = rng.standard_normal((9, k), dtype=np.float32)
     alone = np.concatenate([num.matmul(x[i:i + 1], w) for i in range(len(x))])
     np.testing.assert_allclose(alone, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
-    # one panel, several, the 16-row floor, all of w; BLAS's threads or the panels shared out among threads
-    for panel, workers in itertools.product((num.PANEL_BYTES, 64 * k * 4, 1, 0), (1, 2, 3)):
-        for rows in (1, 2, 3, 8, 9):
-            got = num.matmul(x[:rows], w, panel, workers)
-            assert np.array_equal(got, alone[:rows]), (panel, workers, rows)
+    for panel in (num.PANEL_BYTES, 64 * k * 4, 1, 0):  # one panel, several, the 16-row floor, all of w
+        for rows in (2, 3, 8, 9):
+            got = num.matmul(x[:rows], w, panel)
+            assert np.array_equal(got, alone[:rows]), (panel, rows)
         other = x.copy()
         other[::2] = rng.standard_normal(other[::2].shape, dtype=np.float32)  # different neighbours
-        assert np.array_equal(num.matmul(other, w, panel, workers)[1::2], alone[1::2]), (panel, workers)
-    assert num._blas().info(), "threadpoolctl finds no BLAS to limit: the one-thread case would test nothing"
-    with num.single_threaded_blas():  # a row alone, BLAS on one thread: the same bits as on all of them
-        assert np.array_equal(np.concatenate([num.matmul(x[i:i + 1], w) for i in range(len(x))]), alone)
+        assert np.array_equal(num.matmul(other, w, panel)[1::2], alone[1::2]), panel
