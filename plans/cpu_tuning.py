@@ -11,9 +11,10 @@ single row is one sgemv over all of w: decode with one sequence has nothing to d
 The heuristic, when the store has no entry (or is off), is numerics' default, 4 MiB panels ("p4m").
 Not candidates, and why: float BLAS matrix-matrix products over several rows (their row results depend
 on the batch); integer block dot products on the packed bytes (their float sums round differently from
-the dequantized sgemv: every candidate must give the same bits); threading the panels over a pool with
-BLAS single-threaded (measured on gemma3-270m, 2 cores: twice as slow per decode step, slower at 8 rows,
-and BLAS's spinning threads slow the pool further when both are used in one step).
+the dequantized sgemv: every candidate must give the same bits); sharing the panels out among a pool of
+threads with BLAS single-threaded (measured on gemma3-270m, 2 cores: twice as slow for a decode step's
+projections, slower at 8 rows, 7% faster for a prefill chunk's but only with BLAS single-threaded for
+the whole step: mixed with BLAS's threads in one step, their spin-waiting slows the pool).
 
 The chosen panel travels in the launch: its member (the strategy's name) and attrs["strategy"], the
 arguments runtime/cpu_kernels.py passes to numerics.matmul.
@@ -34,8 +35,8 @@ from tqdm import tqdm
 
 from llmplan.models import numerics as num
 
-from .devices import DeviceFacts
 from . import probes
+from .devices import DeviceFacts
 from .probes import Verdict, measure, provenance, record
 from .tune_store import TuneStore
 
@@ -109,7 +110,8 @@ def _last_level_cache() -> int:
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
-            text = open(path).read().strip()
+            with open(path) as f:
+                text = f.read().strip()
             sizes.append(int(text[:-1]) << 10 if text.endswith("K") else int(text))
         except (OSError, ValueError):
             pass

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from llmplan.models.errors import InputError
+
 from .tune_store import ENTRY_FORMAT
 
 ROUNDS = 5
@@ -23,7 +25,7 @@ TIE = 0.03  # a lead under this is noise: the default stands
 ROUND_SECONDS = 0.025  # the default's time per round; every candidate gets as many calls
 
 
-class ProbeError(Exception):
+class ProbeError(InputError):
     """The default candidate itself fails its check: the plan cannot be trusted (a kernel bug)."""
 
 
