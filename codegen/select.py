@@ -157,8 +157,8 @@ def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tupl
                 elif not rest and not pruned:
                     how = "heuristic: the only member"
                 else:
-                    why = "the measured winner does not fit, " if measured else "no entry, " if key else ""
-                    how = f"heuristic: {why}first member that fits, in the family's order"
+                    note = "the measured winner does not fit, " if measured else "no entry, " if key else ""
+                    how = f"heuristic: {note}first member that fits, in the family's order"
                 chosen[phase][i] = Choice(name, launches, how, pruned, key)
                 continue
             pruned[name] = why

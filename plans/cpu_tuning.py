@@ -102,7 +102,10 @@ def candidates(p: Projection) -> list[Strategy]:
 def build_id() -> str:
     """What the measurements measured: the projection code, NumPy and its BLAS library."""
     blas = np.show_config(mode="dicts").get("Build Dependencies", {}).get("blas", {})
-    code = [inspect.getsource(f) for f in (num.matmul, num.panel_rows)]
+    try:
+        code = [inspect.getsource(f) for f in (num.matmul, num.panel_rows)]
+    except OSError:  # installed without sources: the bytecode stands for them
+        code = [f.__code__.co_code for f in (num.matmul, num.panel_rows)]
     return hashlib.sha256(repr((code, np.__version__, blas.get("name"), blas.get("version"))).encode()).hexdigest()[:16]
 
 
