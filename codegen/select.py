@@ -5,20 +5,28 @@ A family may offer several members for one launch (tile shapes, split counts, co
 `candidates()`), each turned into launches by its `launches()`. Candidates are compiled before they are
 judged, so the shape filter decides from the compiler's own manifests: a member is pruned, with the rule and the limit
 recorded, when it spills, asks more shared memory than a block may have, or cannot have one block
-resident (threads x registers over the register file). Among the survivors the family's order is the heuristic (fastest first on this target class);
-the tune store can override it later.
+resident (threads x registers over the register file). Among the survivors the tune store decides:
+an entry for the device's tune key, this launch's decision key and the build id (a hash of the rendered
+sources of all the launch's candidates) puts its winner first; without one the family's order is the
+heuristic (fastest first on this target class), and the plan records which it was. GPU entries are
+written by probes on the device, which need the CUDA/HIP runtime (not built yet): until then every GPU
+decision is the heuristic's unless a store carries an entry.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from llmplan.plans import probes
 from llmplan.plans.devices import DeviceFacts
+from llmplan.plans.tune_store import TuneStore
 
-from .build import Build, BuildError, Manifest, build, gate
-from .kernel import Context, Launch
+from .build import Build, BuildError, Manifest, build, gate, render
+from .kernel import Context, Kernel, Launch
 from .targets import Target
 
 # fused-graph op -> family module in codegen/families/
@@ -61,6 +69,40 @@ class Choice:
     launches: list[Launch]
     provenance: str
     pruned: dict[str, str] = field(default_factory=dict)  # member -> why it does not fit
+    decision: str = ""  # the tune-store decision key, for a launch with several members
+
+
+def decision_key(launch: dict[str, Any], ctx: Context) -> str:
+    """What a measured answer for this launch depends on: family, op, operand types and the phase's
+    bounds of their symbolic dims, and attributes (but the layer index)."""
+    def operand(ref: dict[str, Any]) -> str:
+        if "buf" in ref or "weight" in ref:
+            return f"{ctx.dtype(ref)}[{'x'.join(str(ctx.bound(d)) for d in ctx.shape(ref))}]"
+        return next(iter(ref))  # step state, the cache
+    parts = [family_module(launch, ctx).__name__.rsplit(".", 1)[1], launch["op"],
+             ",".join(operand(r) for r in launch["args"])]
+    attrs = ",".join(f"{k}={v}" for k, v in sorted(launch["attrs"].items()) if k != "layer")
+    return ":".join(parts + [attrs] if attrs else parts)
+
+
+@functools.lru_cache(maxsize=None)
+def build_id(kernels: tuple[Kernel, ...]) -> str:
+    """The hash of the rendered sources of a decision's candidates: the code a measurement measured."""
+    return hashlib.sha256(render(list(kernels)).encode()).hexdigest()[:16]
+
+
+def _consult(store: TuneStore | None, device: DeviceFacts, launch: dict[str, Any], ctx: Context,
+             cands: list[tuple[str, list[Launch]]]) -> tuple[str, list[tuple[str, list[Launch]]], str]:
+    """(decision key, the candidates in the order to try, the store's provenance for the first or "")."""
+    key = decision_key(launch, ctx)
+    if store is None or not store.enabled:
+        return key, cands, ""
+    look = store.load(device.tune_key, key, build_id(tuple(ln.kernel for _, lns in cands for ln in lns)))
+    names = [n for n, _ in cands]
+    if look.entry is None or look.entry["winner"] not in names:
+        return key, cands, ""
+    won = names.index(look.entry["winner"])
+    return key, [cands[won]] + cands[:won] + cands[won + 1:], probes.provenance(look.id, look.entry)
 
 
 def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceFacts) -> str | None:
@@ -80,7 +122,8 @@ def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceF
 
 
 def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], target: Target,
-           device: DeviceFacts, use_cache: bool = True) -> tuple[Build, dict[str, list[Choice]]]:
+           device: DeviceFacts, use_cache: bool = True,
+           store: TuneStore | None = None) -> tuple[Build, dict[str, list[Choice]]]:
     """Choose a member per launch and build the chosen kernels for `target`.
 
     Candidates are built in rounds, each launch's next member only after its previous one was pruned,
@@ -92,7 +135,11 @@ def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tupl
         ctx = Context(p["buffers"], weights, target, p["dims"], device.multiprocessors)
         chosen[phase] = [None] * len(p["launches"])
         for i, launch in enumerate(p["launches"]):
-            todo.append((list(members(launch, ctx).items()), {}, [phase, i]))
+            cands = list(members(launch, ctx).items())
+            key, measured = "", ""
+            if len(cands) > 1:
+                key, cands, measured = _consult(store, device, launch, ctx, cands)
+            todo.append((cands, {}, [phase, i, key, measured]))
     manifests: dict[str, Manifest] = {}
     built = None
     while todo:
@@ -101,18 +148,24 @@ def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tupl
             built = build(kernels, target, use_cache, gates=False)
             manifests |= built.manifests
         left = []
-        for cands, pruned, (phase, i) in todo:
+        for cands, pruned, (phase, i, key, measured) in todo:
             (name, launches), *rest = cands
             why = fits(launches, manifests, device)
             if why is None:
-                how = "the only member" if not rest and not pruned else "first member that fits, in the family's order"
-                chosen[phase][i] = Choice(name, launches, f"heuristic: {how}", pruned)
+                if measured and not pruned:
+                    how = measured
+                elif not rest and not pruned:
+                    how = "heuristic: the only member"
+                else:
+                    note = "the measured winner does not fit, " if measured else "no entry, " if key else ""
+                    how = f"heuristic: {note}first member that fits, in the family's order"
+                chosen[phase][i] = Choice(name, launches, how, pruned, key)
                 continue
             pruned[name] = why
             if not rest:
                 raise BuildError(f"no member of {launches[0].kernel.family} fits {device.arch}: "
                                  + "; ".join(f"{n}: {w}" for n, w in pruned.items()))
-            left.append((rest, pruned, (phase, i)))
+            left.append((rest, pruned, (phase, i, key, measured)))
         todo = left
     final = [ln.kernel for cs in chosen.values() for c in cs for ln in c.launches]
     if {k.name for k in final} != set(built.manifests):

@@ -65,16 +65,24 @@ def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES) -> np.n
     alone takes the same path). BLAS's matrix-matrix kernels sum a row's products in an order that
     depends on how many rows share the call, so a row's result would change with what is batched beside
     it; here it never does, whatever the panel size (tests/test_numerics.py). Several rows go through w
-    one panel of rows at a time so that the panel is read from memory once for all of them."""
+    one panel of rows at a time (`panel_bytes`; 0: one panel over all of w) so that the panel is read
+    from memory once for all of them; the best size depends on the shape and the machine, which is what
+    the tune store decides (plans/cpu_tuning.py)."""
     rows, n = x.shape[0], w.shape[0]
     if rows == 1:
         return x @ w.T
     out = np.empty((rows, n), np.float32)
-    step = max(16, panel_bytes // max(1, w.shape[1] * w.itemsize)) // 16 * 16
+    step = panel_rows(panel_bytes, w.shape[1] * w.itemsize, n)
     x3 = x[:, None, :]
     for a in range(0, n, step):
         np.matmul(x3, w[a:a + step].T, out=out[:, None, a:a + step])
     return out
+
+
+def panel_rows(panel_bytes: int, row_bytes: int, n: int) -> int:
+    """Weight rows per panel: a multiple of 16 rows within `panel_bytes` (16 at least), or all n rows
+    when panel_bytes is 0."""
+    return n if panel_bytes <= 0 else min(n, max(16, panel_bytes // max(1, row_bytes)) // 16 * 16)
 
 
 # --- activation packing --------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from llmplan.models.model import open_model
 from .compile import DEFAULT_CHUNK, compile_model
 from .console import human_bytes, print_json
 from .devices import resolve_device
+from .tune_store import TuneStore
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,14 +23,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help="plan file (default: MODEL with .plan for .gguf)")
     p.add_argument("--ctx", type=int, help="context length the plan holds (default: the model's, at most 4096)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
-    p.add_argument("--max-seqs", type=int, default=1, help="sequences one batched decode step serves (default 1)")
+    p.add_argument("--max-seqs", type=int, default=1, help="sequences decoded in one batched step (default 1)")
+    add_tune_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
 
 
-def gpu_kernel_stage(phases, weights, device):
-    """codegen's part of `plan compile` for a GPU target: build every candidate, choose per launch."""
-    return select(phases, weights, target_for(device.arch), device)
+def add_tune_dir(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tune-dir", metavar="DIR", help="the tune store (default: $LLMPLAN_TUNE_DIR, else the user "
+                   "cache directory; 'off' keeps none)")
+
+
+def gpu_kernel_stage(phases, weights, device, store=None):
+    """codegen's part of `plan compile` for a GPU target: build every candidate, choose per launch
+    (measured members from the tune store where it has them)."""
+    return select(phases, weights, target_for(device.arch), device, store=store)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     t0 = time.perf_counter()
     summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
-                            kernels=None if device.backend == "cpu" else gpu_kernel_stage)
+                            kernels=None if device.backend == "cpu" else gpu_kernel_stage,
+                            tune=TuneStore.from_flag(args.tune_dir))
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print_json(summary)
@@ -51,4 +60,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {lim['ctx']}, "
           f"chunk {lim['chunk']}, {lim['max_seqs']} sequences per step, {lim['kv_blocks']} K/V blocks, arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
           f"{kernels} ({summary['seconds']:.2f} s)")
+    t = summary["tune"]
+    probed = f", {t['probed']} probed now" if t["probed"] else ""
+    print(f"tuning: {t['decisions']} decisions, {t['measured']} measured, {t['tie']} ties, {t['heuristic']} by "
+          f"heuristic{probed} (store {t['store']})")
     return 0

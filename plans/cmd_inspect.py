@@ -1,5 +1,6 @@
 """`plan inspect OUT.plan`: what a plan holds: header, kernels, launches per phase, arena, decisions,
-and how each weight is held at load and why; `--kernels` and `--source NAME` for the compiled kernels."""
+how each weight is held at load and why, and the tuned decisions with their provenance; `--kernels` and
+`--source NAME` for the compiled kernels."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
             "activation_bytes_unshared": p["activation_bytes"],
             "dims": p["dims"],
         }
-    decisions = Counter(l["provenance"] for p in body["phases"].values() for l in p["launches"])
+    decisions = Counter(l["provenance"] for p in body["phases"].values() for l in p["launches"] if "decision" not in l)
     pruned = Counter(f"{m}: {why}" for p in body["phases"].values() for l in p["launches"]
                      for m, why in l.get("pruned", {}).items())
     cfg, lim = body["config"], header["limits"]
@@ -50,7 +51,7 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
                      "bytes": lim["kv_blocks"] * block_bytes,
                      "full_context_sequences": lim["kv_blocks"] // -(-lim["ctx"] // PAGE)},
         "kernels": body["kernels"] if "gpu" in body else [f"{f}/{m}" for f, m in body["kernels"]],
-        "phases": phases, "decisions": dict(decisions), "pruned": dict(pruned),
+        "phases": phases, "decisions": dict(decisions), "tuning": body.get("tune"), "pruned": dict(pruned),
         "weights": {"count": len(body["weights"]), "unpacked_at_load_bytes": unpacked,
                     "residency": {k: sorted(n for n, w in body["weights"].items() if k in w["residency"])
                                   for k in body["residency_notes"]},
@@ -120,6 +121,14 @@ def run(args: argparse.Namespace) -> int:
     print("  kernels  " + ", ".join(s["kernels"]))
     for why, n in s["decisions"].items():
         print(f"  decision {n} launches: {why}")
+    if s["tuning"]:
+        t = s["tuning"]
+        print(f"  tuning   {len(t['decisions'])} decisions from the tune store {t['store']} "
+              f"(tune key {t['device_key']})")
+        rows = [(key, d["member"], ", ".join(f"{ph} {n}" for ph, n in d["launches"].items()), d["provenance"])
+                for key, d in t["decisions"].items()]
+        if rows:
+            print("    " + format_table(["decision", "member", "launches", "provenance"], rows).replace("\n", "\n    "))
     for why, n in s["pruned"].items():
         print(f"  pruned   {n} launches: {why}")
     w = s["weights"]

@@ -16,9 +16,11 @@ from llmplan.models.model import Model, open_model
 from llmplan.models.numerics import PAGE
 from llmplan.passes.manager import run_passes
 
+from . import cpu_tuning
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
 from .planfile import model_fingerprint, write_plan
+from .tune_store import TuneStore
 
 DEFAULT_CTX = 4096
 DEFAULT_CHUNK = 256
@@ -40,7 +42,7 @@ GPU_RESIDENCY = {
 }
 
 
-def _limits(model: Model, ctx: int | None, chunk: int, max_seqs: int) -> dict[str, int]:
+def limits_for(model: Model, ctx: int | None, chunk: int, max_seqs: int) -> dict[str, int]:
     ctx = min(model.config.context_length, DEFAULT_CTX) if ctx is None else ctx
     if not 1 <= ctx <= model.config.context_length:
         raise InputError(f"--ctx {ctx} is outside 1..{model.config.context_length} (the model's context)")
@@ -75,17 +77,14 @@ def _residency(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
     return out
 
 
-# The GPU kernel stage (codegen/select.py), passed in by the caller: plans/ must not import codegen/.
-KernelStage = Callable[[dict[str, dict[str, Any]], dict[str, tuple[str, tuple[int, ...]]], DeviceFacts], Any]
+# The GPU kernel stage (codegen/select.py), passed in by the caller: plans/ must not import codegen/. It
+# takes the phases, the weight table, the device and the tune store it consults.
+KernelStage = Callable[[dict[str, dict[str, Any]], dict[str, tuple[str, tuple[int, ...]]], DeviceFacts, TuneStore],
+                       Any]
 
 
-def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
-                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, kernels: KernelStage | None = None) -> dict[str, Any]:
-    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. GPU targets
-    need `kernels`, the codegen stage that builds and chooses their kernels."""
-    if device.backend != "cpu" and kernels is None:
-        raise InputError(f"--device {device.arch}: no kernel generator was given for {device.backend.upper()}")
-    limits = _limits(model, ctx, chunk, max_seqs)
+def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
+    """Every phase traced, fused and lowered: (phases, IR texts, declines, weight table)."""
     table = model.weight_table()
     phases, texts, declines = {}, {}, {}
     for phase in PHASES:
@@ -97,7 +96,24 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         dims["splits"] = max((-(-limits["ctx"] // n.attr["chunk"]) for n in fused.order
                               if n.op == "attention_partial"), default=1)
         phases[phase] = lower(fused, device, dims) | {"dims": dims}
-    gpu = _gpu_kernels(phases, table, device, kernels) if device.backend != "cpu" else None
+    return phases, texts, declines, table
+
+
+def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
+                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, kernels: KernelStage | None = None,
+                  tune: TuneStore | None = None) -> dict[str, Any]:
+    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. GPU targets
+    need `kernels`, the codegen stage that builds and chooses their kernels. Measured decisions come
+    from the tune store `tune` (none: the heuristics decide)."""
+    if device.backend != "cpu" and kernels is None:
+        raise InputError(f"--device {device.arch}: no kernel generator was given for {device.backend.upper()}")
+    limits = limits_for(model, ctx, chunk, max_seqs)
+    store = tune or TuneStore(None)
+    phases, texts, declines, table = lower_phases(model, device, limits)
+    probed = 0
+    if device.backend == "cpu":
+        probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
+    gpu = _gpu_kernels(phases, table, device, kernels, store) if device.backend != "cpu" else None
     arena = max(p["arena_bytes"] for p in phases.values())
     residency = _residency(phases) if gpu is None else gpu.pop("residency")
     header = {
@@ -118,6 +134,7 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "residency_notes": {k: v[1] for k, v in CPU_RESIDENCY.items()} if gpu is None else GPU_RESIDENCY,
         "declines": declines,
         "kernels": sorted({(l["family"], l["member"]) for p in phases.values() for l in p["launches"]}),
+        "tune": {"store": store.describe(), "device_key": device.tune_key, "decisions": tuned_decisions(phases)},
     }
     if gpu is not None:
         body["gpu"] = gpu
@@ -125,20 +142,42 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
     size = write_plan(out, header, body)
     summary = {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
                "launches": {ph: sum(len(l.get("kernels", [0])) for l in p["launches"]) for ph, p in phases.items()},
-               "limits": limits}
+               "limits": limits,
+               "tune": {"store": store.describe(), "probed": probed, **_tune_counts(body["tune"]["decisions"])}}
     if gpu is not None:
         summary |= {"kernels": len(gpu["manifests"]), "build_seconds": gpu["seconds"], "build_cached": gpu["cached"]}
     return summary
 
 
-def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, stage: KernelStage) -> dict[str, Any]:
+def tuned_decisions(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The decisions the tune store was consulted for (decision key -> member, provenance, launches per
+    phase): what `plan inspect` shows."""
+    out: dict[str, dict[str, Any]] = {}
+    for phase, p in phases.items():
+        for launch in p["launches"]:
+            if "decision" in launch:
+                d = out.setdefault(launch["decision"], {"member": launch["member"], "provenance": launch["provenance"],
+                                                        "launches": {}})
+                d["launches"][phase] = d["launches"].get(phase, 0) + 1
+    return out
+
+
+def _tune_counts(decisions: dict[str, dict[str, Any]]) -> dict[str, int]:
+    kinds = [d["provenance"].split(":")[0] for d in decisions.values()]
+    return {"decisions": len(kinds), **{k: kinds.count(k) for k in ("measured", "tie", "heuristic")}}
+
+
+def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, stage: KernelStage,
+                 store: TuneStore) -> dict[str, Any]:
     """Build and choose the kernels of every launch; attach them to the launches; the plan's gpu section."""
-    built, chosen = stage(phases, table, device)
+    built, chosen = stage(phases, table, device, store)
     residency: dict[str, dict[str, str]] = {}
     for phase, choices in chosen.items():
         for launch, choice in zip(phases[phase]["launches"], choices):
             launch["member"], launch["provenance"] = choice.member, choice.provenance
             launch["pruned"] = choice.pruned
+            if choice.decision:
+                launch["decision"] = choice.decision
             launch["kernels"] = [{"name": ln.kernel.name, "grid": [list(g) if isinstance(g, tuple) else g
                                                                    for g in ln.grid],
                                   "block": ln.kernel.block, "smem": ln.smem, "args": ln.args}
@@ -162,7 +201,7 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1) -> str:
     cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
     if not os.path.exists(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
-        compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs)
+        compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, tune=TuneStore.from_flag(None))
     return cached
 
 

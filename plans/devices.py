@@ -2,7 +2,8 @@
 for offline targets (compile for a GPU that is not here).
 
 The device key names the backend and the geometry that changes a planning answer (architecture,
-multiprocessors, wave width, shared memory); plans and tune entries are valid only for their key.
+multiprocessors, wave width, shared memory); plans are valid only for their key, tune entries only for
+their tune key (the same on GPUs; on the CPU it adds cores and SIMD level).
 """
 
 from __future__ import annotations
@@ -29,17 +30,27 @@ class DeviceFacts:
     memory_gib: float
     int8_dot: str  # the dot-product instruction family: dp4a, sudot4, sdot4, or numpy
     int8_matrix: str  # mma.sync.s8, wmma_iu8, mfma_i8, or none
+    simd: str = ""  # the CPU's widest SIMD level NumPy dispatches to (avx512_icl, avx2, asimd, ...)
 
     @property
     def key(self) -> str:
-        """Backend + the geometry that changes the planner's answers."""
+        """Backend + the geometry that changes the planner's answers: the key a plan is valid for."""
         if self.backend == "cpu":
             return f"cpu:{self.arch}"
         return (f"{self.backend}:{self.arch}:sm{self.multiprocessors}:w{self.wave}"
                 f":smem{self.smem_per_block_optin // 1024}k")
 
+    @property
+    def tune_key(self) -> str:
+        """The key of tune-store entries: what changes a measured answer. On the CPU that adds the core
+        count and SIMD level to `key`, which stays coarse so a CPU plan runs on any CPU of its machine
+        type (its tuned strategies are all correct anywhere, only perhaps slower)."""
+        if self.backend == "cpu":
+            return f"{self.key}:c{self.multiprocessors}:{self.simd or 'baseline'}"
+        return self.key
+
     def to_dict(self) -> dict:
-        return asdict(self) | {"key": self.key}
+        return asdict(self) | {"key": self.key, "tune_key": self.tune_key}
 
 
 _K = 1024
@@ -60,12 +71,28 @@ OFFLINE_TARGETS: dict[str, DeviceFacts] = {
 }
 
 
+# NumPy's CPU dispatch features, widest first within each architecture: the first one present names
+# the SIMD level (x86-64, Arm, POWER, IBM Z).
+SIMD_LEVELS = ("AVX512_SPR", "AVX512_ICL", "AVX512_CNL", "AVX512_CLX", "AVX512_SKX", "AVX512F", "AVX2", "AVX",
+               "SSE42", "SSE3", "SSE2", "SVE", "ASIMDHP", "ASIMD", "NEON", "VSX4", "VSX3", "VSX2", "VSX", "VXE2",
+               "VXE", "VX")
+
+
+def simd_level() -> str:
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # NumPy < 2
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    return next((f.lower() for f in SIMD_LEVELS if features.get(f)), "baseline")
+
+
 def local_cpu() -> DeviceFacts:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else 0.0
-    # The CPU backend runs NumPy: a plan is the same for every CPU, so the key holds only the machine type.
+    # The CPU backend runs NumPy: a plan runs on every CPU, so its key holds only the machine type; tune
+    # entries are keyed by cores and SIMD level too (tune_key).
     return DeviceFacts("NumPy on " + (platform.processor() or platform.machine()), "cpu", platform.machine(), cores,
-                       1, 0, 0, 0, 1, 0.0, round(mem, 1), "numpy", "none")
+                       1, 0, 0, 0, 1, 0.0, round(mem, 1), "numpy", "none", simd_level())
 
 
 def resolve_device(name: str) -> DeviceFacts:

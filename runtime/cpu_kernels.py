@@ -89,16 +89,23 @@ def pack(op, a, out, x):
     _store(out[0], x, a["format"])
 
 
+def _strategy(a) -> dict[str, int]:
+    """How a projection runs its products (panel_bytes), as the planner chose it from the tune store
+    (plans/cpu_tuning.py); every choice gives the same bits. None recorded: numerics' default."""
+    return a.get("strategy", {})
+
+
 def matmul(op, a, out, x, *rest):
     """matmul / matmul_segmented / matmul_residual: the same dot products (float32 BLAS on the exactly
     dequantized operands, each row alone: numerics.matmul), with several weights or a residual to add."""
     xv = _values(x)
+    how = _strategy(a)
     if op == "matmul_residual":
         w, r = rest
-        out[0][...] = r + num.matmul(xv, w)
+        out[0][...] = r + num.matmul(xv, w, **how)
     else:  # matmul, matmul_segmented: one output per weight
         for w, o in zip(rest, out):
-            o[...] = num.matmul(xv, w)
+            o[...] = num.matmul(xv, w, **how)
 
 
 def rope_kv(op, a, out, q, k, v, pos, seq, pages, cache, *extra):
@@ -160,7 +167,7 @@ def take_rows(op, a, out, x, rows):
 def tail_argmax(op, a, out, x, norm, head):
     """Final norm, packing, output head and argmax: one int32 per row leaves the kernel."""
     xv = num.packed_values(num.rmsnorm(x, norm, a["eps"]), a["format"])
-    out[0][...] = np.argmax(num.matmul(xv, head), axis=-1)
+    out[0][...] = np.argmax(num.matmul(xv, head, **_strategy(a)), axis=-1)
 
 
 KERNELS: dict[str, Callable[..., Any]] = {

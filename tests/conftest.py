@@ -53,6 +53,15 @@ def golden(request):
     return compare
 
 
+@pytest.fixture(scope="session", autouse=True)
+def no_tune_store():
+    """Tests never probe into the user's tune store: the store is off unless a test names one
+    (--tune-dir, or LLMPLAN_TUNE_DIR set again)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("LLMPLAN_TUNE_DIR", "off")
+        yield
+
+
 @pytest.fixture
 def cli(capsys):
     """cli(*argv) runs `plan` in this process and returns (exit code, stdout, stderr)."""

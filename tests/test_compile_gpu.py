@@ -12,13 +12,16 @@ import pytest
 from conftest import TINY_BPE, TINY_SPM, require_compiler
 from llmplan.codegen import select
 from llmplan.codegen.build import BuildError
+from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.models.model import open_model
 from llmplan.plans.catalog import FAMILY_OF_OP
 from llmplan.plans.cmd_compile import gpu_kernel_stage
-from llmplan.plans.compile import compile_model
+from llmplan.plans.compile import compile_model, limits_for, lower_phases
 from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.plans.planfile import read_body, read_header
+from llmplan.plans.probes import Verdict, record
+from llmplan.plans.tune_store import TuneStore
 from llmplan.runtime.cpu_kernels import KERNELS
 
 
@@ -175,7 +178,7 @@ def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
     assert gemm
     for launch in gemm:
         assert not launch["member"].startswith("mma_128x128")
-        assert launch["provenance"] == "heuristic: first member that fits, in the family's order"
+        assert launch["provenance"] == "heuristic: no entry, first member that fits, in the family's order"
         (why,) = [w for m, w in launch["pruned"].items() if m.startswith("mma_128x128")]
         assert re.search(r"lp_gemm_mma_128x128\w*: \d+ bytes of shared memory over the 38912-byte per-block limit "
                          r"of sm_90", why), why
@@ -228,3 +231,37 @@ def _generated(body) -> str:
 @pytest.mark.parametrize("target", ["sm_90", "gfx1151"])
 def test_generated_sources_golden(compiled, golden, target):
     golden(f"codegen/tiny-llama3-bpe.{target}.txt", _generated(compiled(TINY_BPE, target)[2]))
+
+
+def test_the_tune_store_decides_gpu_members(kernel_cache, tmp_path):
+    """An entry under sm_90's tune key, a launch's decision key and the build id of its candidates'
+    sources puts its winner first, with the entry in the provenance; entries measured on another device
+    or another build are ignored (the heuristic decides, and says so)."""
+    require_compiler(TARGETS["sm_90"])
+    device, model = OFFLINE_TARGETS["sm_90"], open_model(TINY_BPE)
+    phases, _, _, table = lower_phases(model, device, limits_for(model, None, 256, 1))
+    p = phases["prefill"]
+    ctx = Context(p["buffers"], table, TARGETS["sm_90"], p["dims"], device.multiprocessors)
+    store = TuneStore(tmp_path / "store")
+
+    def entry(launch, device_key=device.tune_key, build=None):
+        cands = select.members(launch, ctx)
+        names = list(cands)
+        bid = build or select.build_id(tuple(ln.kernel for lns in cands.values() for ln in lns))
+        v = Verdict({n: 2e-4 for n in names} | {names[1]: 1e-4}, {}, names[0], names[1], 1.0, False, 10)
+        store.save(record(v, device_key, select.decision_key(launch, ctx), bid))
+        return select.decision_key(launch, ctx), names[1]  # the family's second: not the heuristic's
+
+    seg, res = (next(l for l in p["launches"] if l["op"] == op) for op in ("matmul_segmented", "matmul_residual"))
+    key, pick = entry(seg)
+    entry(res, device_key=OFFLINE_TARGETS["sm_89"].tune_key)
+    entry(res, build="0" * 16)
+    compile_model(model, device, tmp_path / "t.plan", kernels=gpu_kernel_stage, tune=store)
+    header, offset = read_header(tmp_path / "t.plan")
+    launches = read_body(tmp_path / "t.plan", offset)["phases"]["prefill"]["launches"]
+    measured = [l for l in launches if l.get("decision") == key]
+    assert measured and pick == "mma_64x128"
+    for launch in measured:
+        assert launch["member"] == pick and launch["provenance"].startswith("measured: entry ")
+    ignored = [l for l in launches if l.get("decision") == select.decision_key(res, ctx)]
+    assert ignored and all(l["provenance"].startswith("heuristic: no entry") for l in ignored)

@@ -107,7 +107,7 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     code, out, _ = cli("inspect", plan, "--json")
     s = json.loads(out)
     assert s["phases"]["decode"]["launches"] == 24 and s["weights"]["unpacked_at_load_bytes"] > 0
-    assert s["phases"]["decode"]["kernels"]["matmul/numpy"] == 9
+    assert s["phases"]["decode"]["kernels"]["matmul/p4m"] == 9  # one row: one sgemv, the default panel
     code, _, err = cli("compile", TINY_BPE, "--ctx", "999999999", "-o", tmp_path / "y.plan")
     assert code == 2 and "--ctx 999999999 is outside" in err
 

@@ -19,7 +19,7 @@ def test_matmul_rows_are_independent_of_the_batch(k, n):
     x = rng.standard_normal((9, k), dtype=np.float32)
     alone = np.concatenate([num.matmul(x[i:i + 1], w) for i in range(len(x))])
     np.testing.assert_allclose(alone, x.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-4, atol=1e-3)
-    for panel in (num.PANEL_BYTES, 64 * k * 4, 1):  # one panel, several, the 16-row floor
+    for panel in (num.PANEL_BYTES, 64 * k * 4, 1, 0):  # one panel, several, the 16-row floor, all of w
         for rows in (2, 3, 8, 9):
             got = num.matmul(x[:rows], w, panel)
             assert np.array_equal(got, alone[:rows]), (panel, rows)

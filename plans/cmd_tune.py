@@ -1,0 +1,70 @@
+"""`plan tune MODEL.gguf --device cpu`: measure every decision the plan for this model and device would
+take from the tune store, record the verdicts there, and print them."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from llmplan.models.errors import InputError
+from llmplan.models.model import open_model
+
+from . import cpu_tuning
+from .cmd_compile import add_tune_dir
+from .compile import DEFAULT_CHUNK, limits_for, lower_phases
+from .console import format_table, print_json
+from .devices import resolve_device
+from .probes import ROUND_SECONDS
+from .tune_store import TuneStore
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="measure the planner's decisions for a model into the tune store",
+                       description=__doc__)
+    p.add_argument("model", help="GGUF file")
+    p.add_argument("--device", default="cpu", help="cpu (default); GPU targets need their device and runtime")
+    p.add_argument("--ctx", type=int, help="context length, as for plan compile")
+    p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
+    p.add_argument("--max-seqs", type=int, default=1, help="sequences decoded in one batched step (default 1)")
+    add_tune_dir(p)
+    p.add_argument("--round-ms", type=float, default=ROUND_SECONDS * 1000,
+                   help=f"time per candidate per round (default {ROUND_SECONDS * 1000:g} ms)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    device = resolve_device(args.device)
+    if device.backend != "cpu":
+        raise InputError(f"plan tune --device {args.device}: GPU probes run on the device and need the "
+                         f"{device.backend.upper()} runtime, which llmplan does not have yet (plan compile "
+                         f"--device {args.device} takes GPU entries a store already holds)")
+    if not args.round_ms > 0:
+        raise InputError(f"--round-ms must be positive, got {args.round_ms}")
+    store = TuneStore.from_flag(args.tune_dir)
+    model = open_model(args.model)
+    t0 = time.perf_counter()
+    phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
+    decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True, round_seconds=args.round_ms / 1000)
+    seconds = time.perf_counter() - t0
+    rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
+             "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
+    if args.json:
+        print_json({"device_key": device.tune_key, "store": store.describe(), "build_id": cpu_tuning.build_id(),
+                    "seconds": round(seconds, 2), "decisions": rows})
+        return 0
+    print(f"{len(rows)} decisions for {device.tune_key} measured in {seconds:.1f} s (store {store.describe()})")
+    print(format_table(["decision", "launches", "chosen", "default", "lead", "verdict"],
+                       [(r["decision"], ", ".join(f"{p} {n}" for p, n in r["launches"].items()), r["chosen"],
+                         r.get("default", "-"), f"{r['lead']:+.0%}" if "lead" in r else "-",
+                         r["provenance"].split(":")[0]) for r in rows]))
+    for r in rows:
+        if r["replaced"]:
+            print(f"replaced entry {r['entry']} ({r['replaced']})")
+    return 0
+
+
+def _verdict(entry: dict | None) -> dict:
+    if entry is None:  # a decision with one candidate: nothing to measure
+        return {}
+    return {k: entry[k] for k in ("default", "lead", "tie", "medians", "rejected")}

@@ -1,0 +1,99 @@
+"""Probes: time the candidates of one decision and give the verdict the tune store keeps.
+
+Every candidate is first run once and checked against the reference output, so a fast wrong candidate
+never wins (it is recorded as rejected, with the reason). Then five interleaved rounds, each timing
+every candidate once in an order rotated per round (none always goes first, after the same neighbour,
+or into caches another left warm), each timing a fixed number of calls on rotating inputs; the verdict
+compares medians over the rounds. The fastest wins when it leads the documented default by at least
+3%; closer than that is a tie and the default stands (a default that is itself fastest is reported
+with its lead over the next best).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from llmplan.models.errors import InputError
+
+from .tune_store import ENTRY_FORMAT
+
+ROUNDS = 5
+TIE = 0.03  # a lead under this is noise: the default stands
+ROUND_SECONDS = 0.025  # the default's time per round; every candidate gets as many calls
+
+
+class ProbeError(InputError):
+    """The default candidate itself fails its check: the plan cannot be trusted (a kernel bug)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    medians: dict[str, float]  # seconds per call
+    rejected: dict[str, str]  # candidate -> why its output was refused
+    default: str
+    winner: str
+    lead: float  # winner vs the default (or the default vs the next best, when it wins)
+    tie: bool
+    calls: int  # per candidate per round
+
+
+def measure(candidates: dict[str, Callable[[int], Any]], check: Callable[[Any], str], default: str,
+            round_seconds: float = ROUND_SECONDS) -> Verdict:
+    """`candidates[name](i)` runs one call on input set i (callers rotate their inputs on i) and returns
+    its output; `check(output)` says what is wrong with it, or "". `default` is the heuristic's choice."""
+    rejected = {}
+    for name, run in candidates.items():
+        why = check(run(0))  # also the warm-up: pools, pages, first-call costs
+        if why:
+            rejected[name] = why
+    if default in rejected:
+        raise ProbeError(f"the default candidate {default} fails its check: {rejected[default]}")
+    live = [n for n in candidates if n not in rejected]
+    t0 = time.perf_counter()
+    candidates[default](1)
+    calls = max(1, math.ceil(round_seconds / max(time.perf_counter() - t0, 1e-9)))
+    times: dict[str, list[float]] = {n: [] for n in live}
+    i = 0
+    for r in range(ROUNDS):
+        for name in live[r % len(live):] + live[:r % len(live)]:
+            run = candidates[name]
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                i += 1
+                run(i)
+            times[name].append((time.perf_counter() - t0) / calls)
+    medians = {n: sorted(ts)[ROUNDS // 2] for n, ts in times.items()}
+    winner, lead, tie = decide(medians, default)
+    return Verdict(medians, rejected, default, winner, lead, tie, calls)
+
+
+def decide(medians: dict[str, float], default: str) -> tuple[str, float, bool]:
+    """(winner, lead, tie) from medians: the fastest if it leads the default by TIE or more."""
+    fastest = min(medians, key=medians.__getitem__)
+    if fastest == default:
+        rest = [t for n, t in medians.items() if n != default]
+        lead = min(rest) / medians[default] - 1 if rest else 0.0
+        return default, lead, bool(rest) and lead < TIE
+    lead = medians[default] / medians[fastest] - 1
+    return (default, lead, True) if lead < TIE else (fastest, lead, False)
+
+
+def record(v: Verdict, device_key: str, decision_key: str, build_id: str) -> dict[str, Any]:
+    """The store entry of a verdict (plans/tune_store.py)."""
+    return {"format": ENTRY_FORMAT, "device_key": device_key, "decision_key": decision_key, "build_id": build_id,
+            "medians": v.medians, "rejected": v.rejected, "default": v.default, "winner": v.winner, "lead": v.lead,
+            "tie": v.tie, "rounds": ROUNDS, "calls": v.calls,
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def provenance(entry_id: str, entry: dict[str, Any]) -> str:
+    """How a plan records a decision taken from a store entry."""
+    lead = f"{entry['lead']:.0%}"
+    if entry["tie"]:
+        return f"tie: entry {entry_id}, the fastest within 3% of the default {entry['default']}, which stands"
+    if entry["winner"] == entry["default"]:
+        return f"measured: entry {entry_id}, the default is fastest, lead {lead}"
+    return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"

@@ -1,0 +1,222 @@
+"""The CPU backend's measured decisions end to end: every strategy gives the same bits, `plan tune`
+fills the store, `plan compile` takes its entries (and probes only what is missing or unusable),
+`plan inspect` shows the provenance, 16 concurrent tunes leave only whole entries, the store can be off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import TINY_BPE, TINY_SPM
+from llmplan.models import numerics as num
+from llmplan.models.model import open_model
+from llmplan.plans import cpu_tuning, probes
+from llmplan.plans.compile import compile_model, limits_for, lower_phases
+from llmplan.plans.devices import local_cpu
+from llmplan.plans.planfile import read_body, read_header
+from llmplan.plans.tune_store import TuneStore, _invalid
+from llmplan.runtime import cpu_kernels
+from llmplan.runtime.engine import Engine
+
+FAST = ["--round-ms", "0.5", "--ctx", "64", "--chunk", "16"]  # probes in tests: correct, not meaningful timings
+
+
+@pytest.fixture
+def quick_probes(monkeypatch):
+    monkeypatch.setattr(probes, "ROUND_SECONDS", 5e-4)
+
+
+@pytest.mark.parametrize("proj", [cpu_tuning.Projection(512, (333, 40), 5), cpu_tuning.Projection(256, (1024,), 16),
+                                  cpu_tuning.Projection(64, (4096,), 3), cpu_tuning.Projection(2048, (640,), 2)])
+def test_every_candidate_passes_the_bit_for_bit_check(proj):
+    cands = cpu_tuning.candidates(proj)
+    assert cands[0] == cpu_tuning.DEFAULT and len({s.name for s in cands}) == len(cands) > 1
+    v = cpu_tuning.probe(proj, cands, 1e-4)
+    assert v.rejected == {} and set(v.medians) == {s.name for s in cands}
+    assert cpu_tuning.candidates(cpu_tuning.Projection(proj.k, proj.ns, 1)) == [cpu_tuning.DEFAULT]  # one sgemv
+
+
+def test_the_cpu_kernel_runs_the_launch_strategy(monkeypatch):
+    seen = []
+    monkeypatch.setattr(num, "matmul", lambda x, w, **how: seen.append(how) or np.zeros((len(x), len(w)), np.float32))
+    x, w, out = np.ones((2, 8), np.float32), np.ones((4, 8), np.float32), np.empty((2, 4), np.float32)
+    cpu_kernels.matmul("matmul", {"strategy": {"panel_bytes": 1024}}, [out], x, w)
+    cpu_kernels.matmul("matmul", {}, [out], x, w)  # a plan without a strategy: numerics' default
+    assert seen == [{"panel_bytes": 1024}, {}]
+
+
+def _launches(plan):
+    header, offset = read_header(plan)
+    body = read_body(plan, offset)
+    return body, [l for p in body["phases"].values() for l in p["launches"]]
+
+
+def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    code, out, _ = cli("tune", TINY_SPM, "--tune-dir", store, *FAST, "--json")
+    tuned = json.loads(out)
+    assert code == 0 and tuned["device_key"] == local_cpu().tune_key and tuned["store"] == str(store)
+    rows = tuned["decisions"]
+    # chunk 16: the 4 projections of a layer have panels to choose; one row (decode, the tail) has none
+    assert len(rows) == 4 and sorted(p.stem for p in store.glob("*.json")) == sorted(r["entry"] for r in rows)
+    for r in rows:
+        assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == "p4m"
+        assert r["chosen"] in r["medians"] and not r["rejected"]
+
+    def no_probe(*a):
+        raise AssertionError("a compile with a filled store probed")
+    monkeypatch.setattr(cpu_tuning, "probe", no_probe)
+    code, out, _ = cli("compile", TINY_SPM, "--tune-dir", store, "--ctx", "64", "--chunk", "16", "-o",
+                       tmp_path / "t.plan", "--json")
+    t = json.loads(out)["tune"]
+    assert code == 0 and t["probed"] == 0 and t["measured"] + t["tie"] == t["decisions"] == 4 and t["heuristic"] == 0
+    body, launches = _launches(tmp_path / "t.plan")
+    chosen = {r["decision"]: r["chosen"] for r in rows}
+    projections = [l for l in launches if "decision" in l]
+    assert len(projections) == sum(sum(r["launches"].values()) for r in rows) == 4 * 4  # prefill's, 4 layers
+    one_row = [l for l in launches if l["family"] in ("matmul", "tail_argmax") and "decision" not in l]
+    assert len(one_row) == 2 + 18 + 18 and all(l["member"] == "p4m" for l in one_row)
+    assert body["tune"]["device_key"] == local_cpu().tune_key
+    for launch in projections:
+        assert launch["member"] == chosen[launch["decision"]]
+        assert cpu_tuning.Strategy(**launch["attrs"]["strategy"]).name == launch["member"]
+    code, out, _ = cli("inspect", tmp_path / "t.plan", "--json")
+    assert code == 0 and json.loads(out)["tuning"]["decisions"] == body["tune"]["decisions"]
+    code, out, _ = cli("inspect", tmp_path / "t.plan")
+    assert code == 0 and "tuning   4 decisions from the tune store" in out and "measured: entry " in out
+
+
+def _candidates(model) -> dict[str, list[cpu_tuning.Strategy]]:
+    """Every decision of the model's plan (context 64, chunk 16, 2 sequences) and its candidates."""
+    device = local_cpu()
+    phases, _, _, table = lower_phases(model, device, limits_for(model, 64, 16, 2))
+    return {d.key: cpu_tuning.candidates(d.projection) for d in cpu_tuning.tune(phases, table, device, TuneStore(None))}
+
+
+def _forced_store(path, decisions, pick) -> dict[str, str]:
+    """A store whose entries choose candidate number `pick` (modulo) of every decision."""
+    device, store, chosen = local_cpu(), TuneStore(path), {}
+    for key, cands in decisions.items():
+        s = cands[pick % len(cands)]
+        medians = {c.name: 2e-3 for c in cands} | {s.name: 1e-3}
+        v = probes.Verdict(medians, {}, cpu_tuning.DEFAULT.name, s.name, 1.0, False, 1)
+        store.save(probes.record(v, device.tune_key, key, cpu_tuning.build_id()))
+        chosen[key] = s.name
+    return chosen
+
+
+@pytest.mark.parametrize("path", [TINY_SPM, TINY_BPE])
+def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path):
+    model = open_model(path)
+    plan = tmp_path / "heuristic.plan"
+    compile_model(model, local_cpu(), plan, ctx=64, chunk=16, max_seqs=2)  # no store: the heuristic
+    engine = Engine.load(plan)
+    prompt = engine.tokenizer.encode("Once upon a time, in a land far away, there lived", parse_special=True)
+    assert len(prompt) > 16  # more than one prefill chunk
+    want = engine.generate(prompt, 8, keep_prompt_logits=True)
+    decisions = _candidates(model)
+    for pick in range(1, max(map(len, decisions.values()))):  # every candidate of every decision at least once
+        store = tmp_path / f"forced{pick}"
+        chosen = _forced_store(store, decisions, pick)
+        out = tmp_path / f"forced{pick}.plan"
+        summary = compile_model(model, local_cpu(), out, ctx=64, chunk=16, max_seqs=2, tune=TuneStore(store))
+        assert summary["tune"]["probed"] == 0
+        _, launches = _launches(out)
+        assert all(l["member"] == chosen[l["decision"]] for l in launches if "decision" in l)
+        got = Engine.load(out).generate(prompt, 8, keep_prompt_logits=True)
+        assert got.ids == want.ids and np.array_equal(got.prompt_logits, want.prompt_logits), pick
+
+
+def test_unusable_entries_are_measured_again_and_replaced(cli, tmp_path, quick_probes):
+    store_dir = tmp_path / "store"
+    code, out, _ = cli("tune", TINY_SPM, "--tune-dir", store_dir, *FAST, "--json")
+    rows = json.loads(out)["decisions"]
+    store = TuneStore(store_dir)
+    paths = [store.path(r["entry"]) for r in rows[:4]]
+    paths[0].write_bytes(paths[0].read_bytes()[:40])  # truncated
+    paths[1].write_bytes(b"\x00garbage\xff" * 10)
+    foreign = json.loads(paths[2].read_text()) | {"device_key": "cpu:x86_64:c64:avx512_spr"}
+    paths[2].write_text(json.dumps(foreign))  # copied from another machine
+    other_build = json.loads(paths[3].read_text()) | {"build_id": "0123456789abcdef"}
+    paths[3].write_text(json.dumps(other_build))
+    code, out, _ = cli("compile", TINY_SPM, "--tune-dir", store_dir, "--ctx", "64", "--chunk", "16", "-o",
+                       tmp_path / "t.plan", "--json")
+    assert code == 0 and json.loads(out)["tune"]["probed"] == 4
+    device = local_cpu()
+    for r in rows:
+        look = store.load(device.tune_key, r["decision"], cpu_tuning.build_id())
+        assert look.entry is not None, (r["decision"], look.why)
+    code, out, _ = cli("tune", TINY_SPM, "--tune-dir", store_dir, *FAST)
+    assert code == 0 and "replaced" not in out  # all whole again
+    paths[0].write_text("{")
+    code, out, _ = cli("tune", TINY_SPM, "--tune-dir", store_dir, *FAST)
+    assert code == 0 and f"replaced entry {rows[0]['entry']} (corrupt (not JSON" in out
+
+
+def test_store_off_writes_nothing(cli, tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
+    monkeypatch.setenv("LLMPLAN_TUNE_DIR", "off")
+    code, out, _ = cli("compile", TINY_SPM, "-o", tmp_path / "t.plan", "--json")
+    t = json.loads(out)["tune"]
+    assert code == 0 and t["store"] == "off" and t["heuristic"] == 4 and t["probed"] == 0
+    _, launches = _launches(tmp_path / "t.plan")
+    assert {l["provenance"] for l in launches if "decision" in l} == {"heuristic: no entry (tune store off)"}
+    code, out, _ = cli("tune", TINY_SPM, *FAST, "--json")  # measures, keeps nothing
+    assert code == 0 and json.loads(out)["store"] == "off" and len(json.loads(out)["decisions"]) == 4
+    assert list(home.rglob("*")) == []
+
+
+def test_gpu_probes_need_the_device(cli):
+    for device, runtime in (("sm_90", "CUDA runtime"), ("gfx1151", "HIP runtime")):
+        code, out, err = cli("tune", TINY_SPM, "--device", device)
+        assert code == 2 and out == "" and err.count("\n") == 1 and runtime in err and "GPU probes" in err
+    code, _, err = cli("tune", TINY_SPM, "--round-ms", "0")
+    assert code == 2 and "--round-ms must be positive" in err
+
+
+def test_sixteen_concurrent_tunes_leave_only_whole_entries(tmp_path):
+    """16 `plan tune` processes on one store while this process reads it: every file a reader sees is a
+    whole, valid entry; no temporary file is left; every process succeeds."""
+    store_dir = tmp_path / "store"
+    cmd = [sys.executable, "-m", "llmplan.plans.cli", "tune", str(TINY_SPM), "--tune-dir", str(store_dir), *FAST,
+           "--json"]
+    # BLAS's threads spin-wait for each other: 16 processes of them on a few cores would take minutes.
+    # One thread each keeps this test about the store, and bounded.
+    env = os.environ | {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(16)]
+    reads, deadline = 0, time.monotonic() + 180
+    try:
+        while any(p.poll() is None for p in procs):
+            assert time.monotonic() < deadline, "plan tune processes still running after 180 s"
+            for path in store_dir.glob("*.json"):
+                try:
+                    raw = path.read_bytes()
+                except FileNotFoundError:  # replaced between listing and opening: the next pass sees it
+                    continue
+                e = json.loads(raw)
+                assert _invalid(raw, e["device_key"], e["decision_key"], e["build_id"]) == "", path
+                reads += 1
+            time.sleep(0.005)
+        outs = [p.communicate() for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+    results = [json.loads(out)["decisions"] for out, _ in outs]
+    ids = {r["entry"] for rows in results for r in rows}
+    assert all(len(rows) == len(results[0]) for rows in results) and len(ids) == len(results[0])
+    assert sorted(p.stem for p in store_dir.iterdir()) == sorted(ids)  # entries only: no temporary files
+    store, device = TuneStore(store_dir), local_cpu()
+    assert all(store.load(device.tune_key, r["decision"], cpu_tuning.build_id()).entry for r in results[0])
+    assert reads > 0
