@@ -16,6 +16,20 @@ import os
 import tempfile
 
 
+def decode_rate(engine, prompts: list[list[int]], n_decode: int) -> dict:
+    """Run the prompts together; decoded rows per second over the steps that decoded all of them and
+    prefilled nothing (engine.records)."""
+    from llmplan.runtime.requests import Request
+
+    first = len(engine.records)
+    engine.run([Request(p, n_decode) for p in prompts])
+    steps = [r for r in list(engine.records)[first:] if r["decode_rows"] == len(prompts) and not r["prefill_rows"]]
+    seconds = sum(r["host_s"] + r["kernel_s"] for r in steps)
+    return {"sequences": len(prompts), "decode_steps": len(steps), "tok_s": round(len(prompts) * len(steps) / seconds, 2),
+            "step_ms": round(1e3 * seconds / len(steps), 2),
+            "kernel_share": round(sum(r["kernel_s"] for r in steps) / seconds, 3)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("model", nargs="?")
@@ -40,16 +54,8 @@ def main() -> None:
     text = ("The history of the printing press begins in the fifteenth century, when movable type changed how "
             "books were made, sold and read across Europe. ") * 8
     engine.run([Request(engine.tokenizer.encode(text)[:8], 2)])  # warm caches and BLAS threads
-    rows = []
-    for n in args.seqs:
-        prompts = [engine.tokenizer.encode(f"{n}-{k}. {text}")[:64] for k in range(n)]
-        first = len(engine.records)
-        engine.run([Request(p, args.decode) for p in prompts])
-        steps = [r for r in list(engine.records)[first:] if r["decode_rows"] == n and not r["prefill_rows"]]
-        seconds = sum(r["host_s"] + r["kernel_s"] for r in steps)
-        rows.append({"sequences": n, "decode_steps": len(steps), "tok_s": round(n * len(steps) / seconds, 2),
-                     "step_ms": round(1e3 * seconds / len(steps), 2),
-                     "kernel_share": round(sum(r["kernel_s"] for r in steps) / seconds, 3)})
+    rows = [decode_rate(engine, [engine.tokenizer.encode(f"{n}-{k}. {text}")[:64] for k in range(n)], args.decode)
+            for n in args.seqs]
     base = rows[0]["tok_s"]
     for r in rows:
         r["vs_one"] = round(r["tok_s"] / base, 2)

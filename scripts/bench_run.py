@@ -37,7 +37,6 @@ def load_llmplan(model: str, n_prompt: int, n_decode: int, seqs: int, tune_dir: 
     from llmplan.plans.devices import local_cpu
     from llmplan.plans.tune_store import TuneStore
     from llmplan.runtime.engine import Engine
-    from llmplan.runtime.requests import Request
 
     plan = os.path.join(tempfile.mkdtemp(), "bench.plan")
     t0 = time.perf_counter()
@@ -46,8 +45,12 @@ def load_llmplan(model: str, n_prompt: int, n_decode: int, seqs: int, tune_dir: 
     return Engine.load(plan), time.perf_counter() - t0, summary["tune"]
 
 
-def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: int) -> dict:
+def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: int, run: int) -> dict:
+    """One run; `run` makes its prompts its own, so no run finds an earlier one's blocks in the cache."""
+    from llmplan.runtime.requests import Request
+
     ids = _prompt(engine.tokenizer, n_prompt)
+    ids = [ids[0], 1000 + run, *ids[1:-1]]
     engine.run([Request(ids[:8], 2)])  # warm caches and BLAS threads (too short to leave a cached block)
     gen = engine.run([Request(ids, n_decode)])[0]
     t = gen.timings
@@ -56,21 +59,11 @@ def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: 
            "generated": len(gen.ids), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
            "unpacked_at_load_mib": engine.weights.unpacked_bytes // 2**20, "ids": ids}
     if seqs > 1:
-        out["batch_decode_tok_s"] = _batch_decode(engine, len(ids), seqs, n_decode)
+        from bench_engine import decode_rate  # scripts/ is on the path of a script run from it
+
+        prompts = [[*ids[:2], 2000 + k, *ids[2:]] for k in range(seqs)]  # no block shared between them
+        out["batch_decode_tok_s"] = decode_rate(engine, prompts, n_decode)["tok_s"]
     return out
-
-
-def _batch_decode(engine, start: int, seqs: int, steps: int) -> float:
-    """Tokens per second of decode-batch steps over `seqs` slots at positions start, start + 1, ..."""
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, engine.body["config"]["vocab_size"], seqs).astype(np.int32)
-    state = lambda i: {"tokens": tokens, "pos": np.full(seqs, start + i, np.int32),  # noqa: E731
-                       "seq": np.arange(seqs, dtype=np.int32)}
-    engine.executor.run("decode-batch", state(0), {"cache", "next_token"})
-    t0 = time.perf_counter()
-    for i in range(1, steps):
-        tokens = engine.executor.run("decode-batch", state(i), {"cache", "next_token"})["next_token"].copy()
-    return round(seqs * (steps - 1) / (time.perf_counter() - t0), 1)
 
 
 def bench_llama_cpp(model: str, ids: list[int], n_decode: int) -> dict | None:
@@ -131,9 +124,9 @@ def main() -> None:
     engines = {name: load_llmplan(model, args.prompt_tokens, args.decode, args.seqs, d) for name, d in configs.items()}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     busy0 = _others_busy()
-    for _ in range(args.runs):
+    for i in range(args.runs):
         for name, (engine, compile_s, _) in engines.items():
-            runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs))
+            runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs, i))
     others = _others_busy(busy0)
     speeds = [k for k in runs["heuristic"][0] if k.endswith("tok_s")]
     plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]}

@@ -23,6 +23,7 @@ from llmplan.plans.planfile import read_body, read_header
 from llmplan.plans.tune_store import TuneStore, _invalid
 from llmplan.runtime import cpu_kernels
 from llmplan.runtime.engine import Engine
+from llmplan.runtime.requests import Request
 
 FAST = ["--round-ms", "0.5", "--ctx", "64", "--chunk", "16"]  # probes in tests: correct, not meaningful timings
 
@@ -119,7 +120,8 @@ def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path
     engine = Engine.load(plan)
     prompt = engine.tokenizer.encode("Once upon a time, in a land far away, there lived", parse_special=True)
     assert len(prompt) > 16  # more than one prefill chunk
-    want = engine.generate(prompt, 8, keep_prompt_logits=True)
+    requests = [Request(prompt, 8, keep_prompt_logits=True), Request(prompt[:5], 8)]  # the batched step too
+    want = engine.run(requests)
     decisions = _candidates(model)
     for pick in range(1, max(map(len, decisions.values()))):  # every candidate of every decision at least once
         store = tmp_path / f"forced{pick}"
@@ -129,8 +131,9 @@ def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path
         assert summary["tune"]["probed"] == 0
         _, launches = _launches(out)
         assert all(l["member"] == chosen[l["decision"]] for l in launches if "decision" in l)
-        got = Engine.load(out).generate(prompt, 8, keep_prompt_logits=True)
-        assert got.ids == want.ids and np.array_equal(got.prompt_logits, want.prompt_logits), pick
+        got = Engine.load(out).run(requests)
+        assert [g.ids for g in got] == [w.ids for w in want], pick
+        assert np.array_equal(got[0].prompt_logits, want[0].prompt_logits), pick
 
 
 def test_unusable_entries_are_measured_again_and_replaced(cli, tmp_path, quick_probes):
