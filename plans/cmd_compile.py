@@ -58,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         kernels = f"; {summary['kernels']} kernels built in {summary['build_seconds']:.1f} s{cached}"
     lim = summary["limits"]
     print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {lim['ctx']}, "
-          f"chunk {lim['chunk']}, {lim['max_seqs']} sequences per step, {lim['kv_blocks']} K/V blocks, arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
+          f"chunk {lim['chunk']}, batches of up to {lim['max_seqs']}, {lim['kv_blocks']} K/V blocks, "
+          f"arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
           f"{kernels} ({summary['seconds']:.2f} s)")
     t = summary["tune"]
     probed = f", {t['probed']} probed now" if t["probed"] else ""
