@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -51,7 +51,6 @@ class _Run:
     submitted: float
     admitted: float = 0.0
     first: float = 0.0
-    timings: dict[str, float] = field(default_factory=dict)
 
 
 class Engine:
