@@ -161,7 +161,7 @@ def rope(ts, a):
 
 def _cache(t: Type, what: str) -> None:
     _dtype(t, "f16", what=what)
-    _rank(t, 5, what)  # [layers, 2 (K, V), pages, PAGE positions, kv features]
+    _rank(t, 5, what)  # [layers, 2 (K, V), blocks, PAGE positions, kv features]
     _same(t.shape[3], PAGE, f"{what} positions per page")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmplan.models.numerics import PAGE
+from llmplan.models.numerics import PAGE, pages_for
 
 from .graph import Graph
 from .interpret import Interpreter, WeightFn
@@ -18,7 +18,7 @@ class ReferenceDecoder:
         self._prefill = Interpreter(prefill, weight)
         self._decode = Interpreter(decode, weight)
         t = next(n.types[0] for n in prefill.inputs if n.name == "cache")
-        blocks = -(-ctx // PAGE)
+        blocks = pages_for(ctx)
         self.cache = np.zeros((t.shape[0], 2, blocks, PAGE, t.shape[4]), np.float16)
         self.pages = np.arange(blocks, dtype=np.int32)[None, :]
         self.ctx, self.n_past = ctx, 0

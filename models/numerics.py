@@ -175,6 +175,12 @@ def first_position(p: int, window: int) -> int:
 # The K/V cache is paged: cache [layers, 2, blocks, PAGE, kv features] holds PAGE positions of every
 # layer per block, and sequence s's position p lives in block pages[s, p // PAGE] at offset p % PAGE.
 PAGE = 16
+
+
+def pages_for(positions: int) -> int:
+    """The pages (cache blocks) that hold this many positions."""
+    return -(-positions // PAGE)
+
 # `attention` rounds as split-context attention over SLICE-position slices does, so a row gets the same
 # bits whether a prefill chunk or a decode step computes it (passes/split_attention.py uses it too).
 SLICE = 256

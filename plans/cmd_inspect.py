@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from llmplan.models.errors import InputError
-from llmplan.models.numerics import PAGE
+from llmplan.models.numerics import PAGE, pages_for
 
 from .console import format_table, human_bytes, print_json
 from .planfile import read_body, read_header
@@ -49,7 +49,7 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         "arena_bytes": body["arena_bytes"],
         "kv_cache": {"blocks": lim["kv_blocks"], "block_tokens": PAGE, "block_bytes": block_bytes,
                      "bytes": lim["kv_blocks"] * block_bytes,
-                     "full_context_sequences": lim["kv_blocks"] // -(-lim["ctx"] // PAGE)},
+                     "full_context_sequences": lim["kv_blocks"] // pages_for(lim["ctx"])},
         "kernels": body["kernels"] if "gpu" in body else [f"{f}/{m}" for f, m in body["kernels"]],
         "phases": phases, "decisions": dict(decisions), "tuning": body.get("tune"), "pruned": dict(pruned),
         "weights": {"count": len(body["weights"]), "unpacked_at_load_bytes": unpacked,

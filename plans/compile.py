@@ -13,7 +13,7 @@ from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.errors import InputError
 from llmplan.models.model import Model, open_model
-from llmplan.models.numerics import PAGE
+from llmplan.models.numerics import pages_for
 from llmplan.passes.manager import run_passes
 
 from . import cpu_tuning
@@ -50,13 +50,13 @@ def limits_for(model: Model, ctx: int | None, chunk: int, max_seqs: int) -> dict
         raise InputError(f"--chunk {chunk} must be between 1 and the context ({ctx})")
     if max_seqs < 1:
         raise InputError(f"--max-seqs must be at least 1, got {max_seqs}")
-    return {"ctx": ctx, "chunk": chunk, "max_seqs": max_seqs, "kv_blocks": max_seqs * -(-ctx // PAGE)}
+    return {"ctx": ctx, "chunk": chunk, "max_seqs": max_seqs, "kv_blocks": max_seqs * pages_for(ctx)}
 
 
 def _dims(phase: str, limits: dict[str, int]) -> dict[str, int]:
     """Each symbol's bound in a phase: rows of a step, sequences, pages per sequence, cache blocks."""
     seqs = limits["max_seqs"]
-    return {"rows": limits["chunk"] if phase == "prefill" else seqs, "seqs": seqs, "pages": -(-limits["ctx"] // PAGE),
+    return {"rows": limits["chunk"] if phase == "prefill" else seqs, "seqs": seqs, "pages": pages_for(limits["ctx"]),
             "blocks": limits["kv_blocks"], "ctx": limits["ctx"]}
 
 

@@ -93,7 +93,7 @@ def provenance(entry_id: str, entry: dict[str, Any]) -> str:
     """How a plan records a decision taken from a store entry."""
     lead = f"{entry['lead']:.0%}"
     if entry["tie"]:
-        return f"tie: entry {entry_id}, the fastest within 3% of the default {entry['default']}, which stands"
+        return f"tie: entry {entry_id}, the fastest within {TIE:.0%} of the default {entry['default']}, which stands"
     if entry["winner"] == entry["default"]:
         return f"measured: entry {entry_id}, the default is fastest, lead {lead}"
     return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"

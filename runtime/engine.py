@@ -24,7 +24,7 @@ import numpy as np
 
 from llmplan.models.errors import InputError
 from llmplan.models.gguf import GGUFFile
-from llmplan.models.numerics import PAGE
+from llmplan.models.numerics import PAGE, pages_for
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.plans.devices import local_cpu
 from llmplan.plans.planfile import read_header, read_plan
@@ -62,7 +62,7 @@ class Engine:
         self.executor = CpuExecutor(body, kv_blocks, weights)
         self.tokenizer: Tokenizer = load_tokenizer(model)
         self.load_seconds = load_seconds
-        self.pages_per_seq = -(-self.limits["ctx"] // PAGE)
+        self.pages_per_seq = body["phases"]["decode"]["dims"]["pages"]  # the page table rows the plan takes
         self.pool = BlockPool(kv_blocks, PAGE)
         self.scheduler = Scheduler(self.pool, max_seqs, self.limits["chunk"])
         self.records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
@@ -188,7 +188,7 @@ class Engine:
         lengths = sorted({self.limits["ctx"], *(n for n in (256, 1024, 4096) if n < self.limits["ctx"])})
         return {"blocks": self.pool.total, "block_tokens": PAGE, "tokens": self.pool.total * PAGE,
                 "block_bytes": block_bytes, "bytes": cache.nbytes,
-                "sequences": {n: self.pool.total // -(-n // PAGE) for n in lengths}}
+                "sequences": {n: self.pool.total // pages_for(n) for n in lengths}}
 
     # --- one step ------------------------------------------------------------------------------
 
@@ -271,9 +271,7 @@ class Engine:
         run = seq.state
         if head == "logits" and run.request.keep_prompt_logits and run.result.prompt_logits is None:
             run.result.prompt_logits = row.copy()
-        params = run.request.params
-        token = int(row) if head == "next_token" else (int(np.argmax(row)) if not params.needs_logits
-                                                        else run.sampler(row, seq.tokens))
+        token = int(row) if head == "next_token" else run.sampler(row, seq.tokens)
         if not run.first:
             run.first = time.perf_counter()
         seq.tokens.append(token)
