@@ -8,7 +8,10 @@ row after the prompt against the fixtures' recorded row (reference/ref_*.npz), f
   this should print "exact", which shows the local build is the one that made the rows;
 - llama.cpp with flash attention on, and with the prompt fed one token at a time (ubatch 1): two
   ordinary settings of the same program on the same weights;
-- llmplan's reference interpreter (the compiled CPU plan gives the same bits, tests/test_compile_run.py).
+- llmplan's reference interpreter (the compiled CPU plan gives the same bits, tests/test_compile_run.py),
+  and the same with the 8-bit activation packing skipped, which shows what the packing noise does.
+Beside each NMSE, the first greedy step whose id differs from the recorded greedy_ids ("-": none), and
+the first step whose recorded top1_margin is under 0.1.
 
 Needs llama-cpp-python 0.3.36, the fixtures' version, built from source on this machine (not a
 dependency: `pip install llama-cpp-python==0.3.36`). The gemma3-270m model comes from
@@ -42,17 +45,22 @@ def model_paths() -> dict[str, Path]:
             "gemma3-270m": Path(gemma.assemble())}
 
 
-def llama_cpp_rows(path: Path, prompts: list[list[int]], settings: dict) -> list[np.ndarray]:
+def llama_cpp_runs(path: Path, cases: list[dict], settings: dict) -> list[tuple[np.ndarray, list[int]]]:
+    """(logits row after the prompt, greedy ids as long as the recorded ones) per case."""
     import llama_cpp
 
     opts = {"n_ctx": 256, "n_batch": 512, "n_threads": 2, "n_threads_batch": 2, "flash_attn": False, **settings}
     llm = llama_cpp.Llama(str(path), verbose=False, **opts)
-    rows = []
-    for ids in prompts:
+    out = []
+    for case in cases:
         llm.reset()
-        llm.eval(ids)
-        rows.append(last_logits(llm))
-    return rows
+        llm.eval(case["prompt_ids"])
+        row, ids = last_logits(llm), []
+        while len(ids) < len(case["greedy_ids"]):
+            ids.append(int(np.argmax(last_logits(llm))))
+            llm.eval([ids[-1]])
+        out.append((row, ids))
+    return out
 
 
 def last_logits(llm) -> np.ndarray:
@@ -63,7 +71,10 @@ def last_logits(llm) -> np.ndarray:
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
 
 
-def our_rows(path: Path, prompts: list[list[int]]) -> list[np.ndarray]:
+def our_runs(path: Path, cases: list[dict], pack: bool = True) -> list[tuple[np.ndarray, list[int]]]:
+    """The reference interpreter's; with pack=False every 8-bit packing is skipped (a measurement of
+    what the packing noise alone does, not a mode of llmplan)."""
+    from llmplan.ir import interpret
     from llmplan.ir.reference import ReferenceDecoder
     from llmplan.ir.trace import trace_model
     from llmplan.models.model import open_model
@@ -72,7 +83,22 @@ def our_rows(path: Path, prompts: list[list[int]]) -> list[np.ndarray]:
     table = m.weight_table()
     prefill, decode = trace_model(m.config, table, "prefill"), trace_model(m.config, table, "decode")
     weight = functools.lru_cache(None)(m.dequantize)
-    return [ReferenceDecoder(prefill, decode, weight, len(ids) + 1).prefill(ids) for ids in prompts]
+    packing = interpret.IMPLS["pack"]
+    interpret.IMPLS["pack"] = packing if pack else (lambda attrs, x: x)
+    try:
+        return [ReferenceDecoder(prefill, decode, weight, len(c["prompt_ids"]) + len(c["greedy_ids"])).greedy(
+            c["prompt_ids"], len(c["greedy_ids"])) for c in cases]
+    finally:
+        interpret.IMPLS["pack"] = packing
+
+
+def compare(runs: list[tuple[np.ndarray, list[int]]], cases: list[dict], recorded) -> dict:
+    """Per case: NMSE of the row (0.0 where every bit is equal) and the first greedy step that differs from
+    the recorded ids (None: none does)."""
+    rows = [recorded[f"p{k}_last_prompt"] for k in range(len(cases))]
+    return {"nmse": [0.0 if np.array_equal(a, b) else nmse(a, b) for (a, _), b in zip(runs, rows)],
+            "diverges_at": [next((i for i, (x, y) in enumerate(zip(ids, c["greedy_ids"])) if x != y), None)
+                            for (_, ids), c in zip(runs, cases)]}
 
 
 def main() -> None:
@@ -86,12 +112,12 @@ def main() -> None:
     for name in names:
         cases = json.loads((FIXTURES / "reference" / f"ref_{name}.json").read_text())["generate"]
         recorded = np.load(FIXTURES / "reference" / f"ref_{name}.npz")
-        prompts = [c["prompt_ids"] for c in cases]
-        theirs = [recorded[f"p{k}_last_prompt"] for k in range(len(cases))]
-        runs = {label: llama_cpp_rows(paths[name], prompts, s) for label, s in SETTINGS.items()}
-        runs["llmplan"] = our_rows(paths[name], prompts)
-        result[name] = {label: [0.0 if np.array_equal(a, b) else nmse(a, b) for a, b in zip(rows, theirs)]
-                        for label, rows in runs.items()}
+        runs = {label: llama_cpp_runs(paths[name], cases, s) for label, s in SETTINGS.items()}
+        runs["llmplan"] = our_runs(paths[name], cases)
+        runs["llmplan unpacked"] = our_runs(paths[name], cases, pack=False)
+        result[name] = {label: compare(r, cases, recorded) for label, r in runs.items()}
+        result[name]["recorded"] = {"first_margin_under_0.1": [
+            next((i for i, mg in enumerate(c["top1_margin"]) if mg < 0.1), None) for c in cases]}
     if args.json:
         import llama_cpp
 
@@ -100,10 +126,15 @@ def main() -> None:
                  "command": "python scripts/llamacpp_spread.py --json"}
         print(json.dumps({"measured": about, "models": result}, indent=1))
         return
+    show = lambda v: "-" if v is None else str(v)  # noqa: E731
     for name, table in result.items():
-        print(f"{name}: NMSE against the recorded rows, prompts 0..{len(next(iter(table.values()))) - 1}")
-        for label, values in table.items():
-            print(f"  {label:18s}" + "".join(f"  {'exact' if v == 0 else f'{v:.2e}':>8s}" for v in values))
+        print(f"{name}: NMSE against the recorded rows / first greedy step that differs, per prompt")
+        for label, r in table.items():
+            if label == "recorded":
+                print(f"  {'first margin < 0.1':18s}" + "".join(f"  {show(v):>14s}" for v in r["first_margin_under_0.1"]))
+                continue
+            cells = [f"{'exact' if v == 0 else f'{v:.2e}'} / {show(d)}" for v, d in zip(r["nmse"], r["diverges_at"])]
+            print(f"  {label:18s}" + "".join(f"  {c:>14s}" for c in cells))
 
 
 if __name__ == "__main__":
