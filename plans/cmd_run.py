@@ -18,6 +18,7 @@ from llmplan.models.errors import InputError
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
 
+from . import llama_cpp
 from .console import print_json
 
 _OVERRIDES = {f.name for f in fields(SamplingParams)}
@@ -43,7 +44,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
     p.add_argument("--dump-logits", metavar="FILE.npz", help="save the logits after the prompt as prompt_last")
-    p.add_argument("--bench", action="store_true", help="print prefill and decode speed on stderr")
+    p.add_argument("--bench", action="store_true",
+                   help="after a warm-up step, print prefill and decode speed on stderr, next to llama.cpp's on the "
+                        "same tokens when llama-cpp-python is importable")
     p.add_argument("--json", action="store_true", help="print JSON (a list with --prompts-file)")
     p.set_defaults(run=run)
 
@@ -97,8 +100,11 @@ def run(args: argparse.Namespace) -> int:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")
         return _many(engine, _prompts(args.prompts_file), args)
+    request = _request(engine, args.prompt, args, {})
+    if args.bench:  # first touches of the weights and BLAS's thread start would count against the prefill
+        engine.run([Request(engine.tokenizer.encode(args.prompt, parse_special=True)[:1], 1)])
     result = None
-    for ev in engine.generate([_request(engine, args.prompt, args, {})]):
+    for ev in engine.generate([request]):
         if ev.finish_reason == "error":
             raise InputError(ev.result.error)
         if ev.text and not args.json:
@@ -107,15 +113,30 @@ def run(args: argparse.Namespace) -> int:
         result = ev.result or result
     if args.dump_logits:
         np.savez(args.dump_logits, prompt_last=result.prompt_logits.astype(np.float32))
-    if args.json:
-        print_json(_as_json(result))
-    else:
+    if not args.json:
         sys.stdout.write("\n")
-    if args.bench:
-        t = result.timings
-        print(f"prefill {t['prompt_tokens']} tokens at {t['prefill_tok_s']:.1f} tok/s, decode {t['generated_tokens']} "
-              f"tokens at {t['decode_tok_s']:.1f} tok/s (load {t['load_s']:.2f} s)", file=sys.stderr)
+        sys.stdout.flush()
+    theirs = _bench(engine, result) if args.bench else None
+    if args.json:
+        print_json(_as_json(result) | ({"llama_cpp": theirs} if args.bench else {}))
     return 0
+
+
+def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:
+    """Print our speed, and llama.cpp's on the same prompt and number of tokens when it is importable
+    (returned, else None)."""
+    t = result.timings
+    print(f"llmplan:   prefill {t['prompt_tokens']} tokens at {t['prefill_tok_s']:.1f} tok/s, decode "
+          f"{t['generated_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s (load {t['load_s']:.2f} s)", file=sys.stderr)
+    theirs = llama_cpp.rate(engine.model.path, result.prompt_ids, max(2, t["generated_tokens"]))
+    if theirs is None:
+        print("llama.cpp: not measured (pip install llama-cpp-python to compare)", file=sys.stderr)
+        return None
+    ratio = {k: round(t[k] / theirs[k], 3) for k in ("prefill_tok_s", "decode_tok_s") if t.get(k) and theirs[k]}
+    print(f"llama.cpp: prefill at {theirs['prefill_tok_s']:.1f} tok/s, decode at {theirs['decode_tok_s']:.1f} tok/s "
+          f"({theirs['version']}, {theirs['threads']} threads); llmplan / llama.cpp: "
+          + ", ".join(f"{k.split('_')[0]} {v:.3f}x" for k, v in ratio.items()), file=sys.stderr)
+    return theirs | {"ratio": ratio}
 
 
 def _many(engine: Engine, prompts: list[tuple[str, dict[str, Any]]], args: argparse.Namespace) -> int:

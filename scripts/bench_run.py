@@ -22,6 +22,8 @@ import time
 
 import numpy as np
 
+from llmplan.plans import llama_cpp
+
 
 def _prompt(tokenizer, n: int) -> list[int]:
     text = ("The history of the printing press begins in the fifteenth century, when movable type changed how "
@@ -64,30 +66,6 @@ def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: 
         prompts = [[*ids[:2], 2000 + k, *ids[2:]] for k in range(seqs)]  # no block shared between them
         out["batch_decode_tok_s"] = decode_rate(engine, prompts, n_decode)["tok_s"]
     return out
-
-
-def bench_llama_cpp(model: str, ids: list[int], n_decode: int) -> dict | None:
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    from llamacpp_spread import last_logits
-    threads = len(os.sched_getaffinity(0))
-    llm = llama_cpp.Llama(model, n_ctx=max(512, len(ids) + n_decode + 1), n_batch=512, n_threads=threads,
-                          verbose=False)
-    llm.eval(ids[:8])
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    prefill = time.perf_counter() - t0
-    token = int(np.argmax(last_logits(llm)))
-    t0 = time.perf_counter()
-    for _ in range(n_decode - 1):
-        llm.eval([token])
-        token = int(np.argmax(last_logits(llm)))
-    decode = time.perf_counter() - t0
-    return {"version": llama_cpp.__version__, "threads": threads, "prefill_tok_s": round(len(ids) / prefill, 1),
-            "decode_tok_s": round((n_decode - 1) / decode, 1)}
 
 
 def _others_busy(since: tuple[int, int, float] | None = None):
@@ -133,7 +111,7 @@ def main() -> None:
     plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]}
              for name, rs in runs.items()}
     ours = plans["heuristic"]
-    theirs = bench_llama_cpp(model, ours["ids"], args.decode)
+    theirs = llama_cpp.rate(model, ours["ids"], args.decode)
     for p in plans.values():
         p.pop("ids")
     result = {"model": os.path.basename(model), "llmplan_cpu": ours, "llama_cpp": theirs, "others_cpu_share": others}

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from llmplan.plans import llama_cpp
+
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 SETTINGS = {"fixture settings": {}, "flash attention": {"flash_attn": True}, "ubatch 1": {"n_ubatch": 1, "n_batch": 1}}
 
@@ -46,29 +48,9 @@ def model_paths() -> dict[str, Path]:
 
 
 def llama_cpp_runs(path: Path, cases: list[dict], settings: dict) -> list[tuple[np.ndarray, list[int]]]:
-    """(logits row after the prompt, greedy ids as long as the recorded ones) per case."""
-    import llama_cpp
-
-    opts = {"n_ctx": 256, "n_batch": 512, "n_threads": 2, "n_threads_batch": 2, "flash_attn": False, **settings}
-    llm = llama_cpp.Llama(str(path), verbose=False, **opts)
-    out = []
-    for case in cases:
-        llm.reset()
-        llm.eval(case["prompt_ids"])
-        row, ids = last_logits(llm), []
-        while len(ids) < len(case["greedy_ids"]):
-            ids.append(int(np.argmax(last_logits(llm))))
-            llm.eval([ids[-1]])
-        out.append((row, ids))
-    return out
-
-
-def last_logits(llm) -> np.ndarray:
-    """The logits row of the last evaluated token (0.3.36's `Llama.scores` holds zeros there unless the
-    model was loaded with logits_all)."""
-    import llama_cpp
-
-    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
+    """(logits row after the prompt, greedy ids as long as the recorded ones) per case, on 2 threads."""
+    llm = llama_cpp.load(str(path), 256, n_threads=2, n_threads_batch=2, **settings)
+    return [llama_cpp.greedy(llm, c["prompt_ids"], len(c["greedy_ids"])) for c in cases]
 
 
 def our_runs(path: Path, cases: list[dict], pack: bool = True) -> list[tuple[np.ndarray, list[int]]]:
@@ -119,10 +101,10 @@ def main() -> None:
         result[name]["recorded"] = {"first_margin_under_0.1": [
             next((i for i, mg in enumerate(c["top1_margin"]) if mg < 0.1), None) for c in cases]}
     if args.json:
-        import llama_cpp
+        import llama_cpp as binding
 
         cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-        about = {"date": time.strftime("%Y-%m-%d"), "llama_cpp_python": llama_cpp.__version__, "cpu": cpu,
+        about = {"date": time.strftime("%Y-%m-%d"), "llama_cpp_python": binding.__version__, "cpu": cpu,
                  "command": "python scripts/llamacpp_spread.py --json"}
         print(json.dumps({"measured": about, "models": result}, indent=1))
         return

@@ -14,6 +14,7 @@ from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
 from llmplan.models.model import open_model
 from llmplan.passes.manager import compile_graph
+from llmplan.plans import llama_cpp
 from llmplan.plans.compile import compile_model
 from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
@@ -95,6 +96,18 @@ def test_cli_run(cli, tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache").iterdir())) == 1  # compiled once, cached
     code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench")
     assert code == 0 and "decode 5 tokens at" in err and len(list((tmp_path / "cache").iterdir())) == 1
+    seen = []
+
+    def rate(model, ids, n):  # llama.cpp is not a dependency: stand in for it
+        seen.append((model, ids, n))
+        return {"version": "x", "threads": 2, "prefill_tok_s": 400.0, "decode_tok_s": 50.0}
+
+    monkeypatch.setattr(llama_cpp, "rate", rate)
+    code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench", "--json")
+    d = json.loads(out)
+    assert code == 0 and seen == [(str(TINY_SPM), d["prompt_ids"], 5)]
+    assert d["llama_cpp"]["ratio"]["decode_tok_s"] == round(d["timings"]["decode_tok_s"] / 50.0, 3)
+    assert "llmplan / llama.cpp: prefill" in err
     code, out, _ = cli("run", TINY_SPM, "-p", "hello", "-n", "2", "--chat", "--json")
     assert code == 0 and json.loads(out)["prompt_ids"][:2] == [1, 3]  # BOS, <start_of_turn>
 

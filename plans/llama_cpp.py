@@ -1,0 +1,74 @@
+"""llama.cpp on the same model and tokens, for benchmarks and comparisons: used only when
+llama-cpp-python is importable (it is not a dependency of llmplan)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+def available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def load(model: str, n_ctx: int, **settings: Any):
+    """A llama_cpp.Llama on this machine's cores with the fixtures' settings (f16 K/V, batch 512, flash
+    attention off), `settings` overriding them."""
+    import llama_cpp
+
+    opts = {"n_ctx": n_ctx, "n_batch": 512, "n_threads": _threads(), "n_threads_batch": _threads(), "flash_attn": False}
+    return llama_cpp.Llama(model, verbose=False, **(opts | settings))
+
+
+def _threads() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def last_logits(llm) -> np.ndarray:
+    """The logits row of the last evaluated token (llama-cpp-python's `Llama.scores` holds zeros there
+    unless the model was loaded with logits_all)."""
+    import llama_cpp
+
+    return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+
+def greedy(llm, ids: list[int], n: int) -> tuple[np.ndarray, list[int]]:
+    """The logits row after the prompt and n greedy tokens."""
+    llm.reset()
+    llm.eval(ids)
+    row, out = last_logits(llm), []
+    while len(out) < n:
+        out.append(int(np.argmax(last_logits(llm))))
+        llm.eval([out[-1]])
+    return row, out
+
+
+def rate(model: str, ids: list[int], n_decode: int) -> dict[str, Any] | None:
+    """llama.cpp's prefill and decode tokens/s on `ids` and n_decode greedy tokens, after a warm-up
+    evaluation; None without llama-cpp-python."""
+    if not available():
+        return None
+    import llama_cpp
+
+    llm = load(model, max(512, len(ids) + n_decode + 1))
+    llm.eval(ids[:8])
+    llm.reset()
+    t0 = time.perf_counter()
+    llm.eval(ids)
+    prefill = time.perf_counter() - t0
+    token = int(np.argmax(last_logits(llm)))
+    t0 = time.perf_counter()
+    for _ in range(n_decode - 1):
+        llm.eval([token])
+        token = int(np.argmax(last_logits(llm)))
+    decode = time.perf_counter() - t0
+    return {"version": llama_cpp.__version__, "threads": _threads(),
+            "prefill_tok_s": round(len(ids) / prefill, 1),
+            "decode_tok_s": round((n_decode - 1) / decode, 1) if n_decode > 1 else None}
