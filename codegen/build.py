@@ -228,9 +228,14 @@ def gate(kernels: list[Kernel], manifests: dict[str, Manifest], target: Target) 
 
 # --- the cache -----------------------------------------------------------------------------------
 
+def cache_root() -> Path:
+    """$LLMPLAN_CACHE, else ~/.cache/llmplan: compiled kernels, plans compiled on the fly, and the
+    tests' emulator builds each keep a folder under it."""
+    return Path(os.environ.get("LLMPLAN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmplan"))
+
+
 def cache_dir() -> Path:
-    root = os.environ.get("LLMPLAN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmplan")
-    return Path(root) / "kernels"
+    return cache_root() / "kernels"
 
 
 def _key(source: str, compiler: str, target: Target) -> str:

@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dump-logits", metavar="FILE.npz", help="save the logits after the prompt as prompt_last")
     p.add_argument("--bench", action="store_true",
                    help="after a warm-up step, print prefill and decode speed on stderr, next to llama.cpp's on the "
-                        "same tokens when llama-cpp-python is importable")
+                        "same tokens when llama-cpp-python is importable (with --prompts-file: the combined rate "
+                        "and preemptions)")
     p.add_argument("--json", action="store_true", help="print JSON (a list with --prompts-file)")
     p.set_defaults(run=run)
 

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from llmplan.codegen.build import cache_root
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.errors import InputError
@@ -207,8 +208,8 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1) -> str:
 
 def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:
     """Where `plan run MODEL.gguf` keeps the plan it compiled on the fly."""
-    root = os.environ.get("LLMPLAN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmplan", "plans")
+    root = cache_root() / "plans"
     fp = model_fingerprint(model.file)
     name = f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}"
-    return os.path.join(root, f"{name}.{device.key.replace(':', '_')}.{limits_key}.plan")
+    return str(root / f"{name}.{device.key.replace(':', '_')}.{limits_key}.plan")
 

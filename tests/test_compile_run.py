@@ -93,9 +93,9 @@ def test_cli_run(cli, tmp_path, monkeypatch):
     assert code == 0 and set(d) == {"prompt_ids", "ids", "text", "finish_reason", "timings"}
     assert d["prompt_ids"][0] == 1 and len(d["ids"]) == 5 and d["finish_reason"] == "length"
     assert np.load(tmp_path / "l.npz")["prompt_last"].shape == (3000,)
-    assert len(list((tmp_path / "cache").iterdir())) == 1  # compiled once, cached
+    assert len(list((tmp_path / "cache" / "plans").iterdir())) == 1  # compiled once, cached
     code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench")
-    assert code == 0 and "decode 5 tokens at" in err and len(list((tmp_path / "cache").iterdir())) == 1
+    assert code == 0 and "decode 5 tokens at" in err and len(list((tmp_path / "cache" / "plans").iterdir())) == 1
     seen = []
 
     def rate(model, ids, n):  # llama.cpp is not a dependency: stand in for it
