@@ -1,7 +1,10 @@
 """`plan info` and `plan make-model` from the command line, including bad input: one line on stderr,
 exit code 2, no traceback."""
 
+import importlib.metadata
 import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -100,6 +103,9 @@ def test_make_model_dry_run_json(cli, tmp_path):
 
 
 def test_console_script_installed(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "llmplan.plans.cli", "info", str(tmp_path / "nope.gguf")],
-                       capture_output=True, text=True)
+    (entry,) = importlib.metadata.entry_points(group="console_scripts", name="plan")
+    assert entry.value == "llmplan.plans.cli:main"
+    script = shutil.which("plan", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
+    assert script, "the `plan` console script is not on PATH"
+    r = subprocess.run([script, "info", str(tmp_path / "nope.gguf")], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith("plan: error:") and r.stdout == ""

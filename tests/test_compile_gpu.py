@@ -67,8 +67,7 @@ def test_tiny_llama3_compiles_for_every_target(compiled, target):
     for _, launch, k in _launched(body):
         assert k["block"] == gpu["manifests"][k["name"]]["threads"]
         assert launch["provenance"].startswith("heuristic: ")
-    decode = [l for l in body["phases"]["decode"]["launches"]]
-    assert all(l["kernels"] for l in decode) and len(decode) == len(body["phases"]["decode"]["launches"])
+    assert all(launch["kernels"] for launch in body["phases"]["decode"]["launches"])
 
 
 def _manifest(body, pattern):

@@ -75,12 +75,14 @@ def test_runs_are_reproducible(tmp_path_factory):
     assert _one(engine, prompt, 12, SamplingParams(0.9, 1, 1.0, seed=3)).ids == greedy[0]  # top-k 1 is greedy
 
 
-def test_stops_at_end_of_generation(tmp_path_factory):
+def test_stops_at_end_of_generation(tmp_path_factory, monkeypatch):
     engine = _engine(TINY_SPM, tmp_path_factory.getbasetemp())
-    eos = engine.tokenizer.eos
-    # force the first sampled token to be EOS by a top-k 1 sample from a doctored logits row
-    gen = _one(engine, [1, eos], 5)
-    assert gen.finish_reason in ("stop", "length") and len(gen.ids) <= 5
+    prompt = engine.tokenizer.encode("Once upon a time", parse_special=True)
+    first, second = _one(engine, prompt, 2).ids
+    # the model's greedy tokens are no end-of-generation token; make the second one of them one
+    monkeypatch.setattr(engine.tokenizer, "is_eog", lambda t: t == second)
+    gen = _one(engine, prompt, 5)
+    assert gen.finish_reason == "stop" and gen.ids == [first, second]
     long = _one(engine, engine.tokenizer.encode("a"), 500)
     assert long.finish_reason == "length" and len(long.prompt_ids) + len(long.ids) <= 128
 

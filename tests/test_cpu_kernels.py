@@ -620,21 +620,25 @@ def test_glu_pack(rng, act, fmt):
 
 # --- elementwise -----------------------------------------------------------------------------------
 
-ELEMENTWISE = {  # op: (attrs, operand count, input scale)
-    "add": ({}, 2, 1.0), "mul": ({}, 2, 1.0), "scale": ({"factor": 0.0625}, 1, 1.0),
-    "silu": ({}, 1, 4.0), "gelu_tanh": ({}, 1, 4.0), "softcap": ({"cap": 30.0}, 1, 40.0),
+ELEMENTWISE = {  # op: (attrs, operand count, input scale, the definition in float64)
+    "add": ({}, 2, 1.0, lambda a, x, y: x + y), "mul": ({}, 2, 1.0, lambda a, x, y: x * y),
+    "scale": ({"factor": 0.0625}, 1, 1.0, lambda a, x: x * a["factor"]),
+    "silu": ({}, 1, 4.0, lambda a, x: x / (1 + np.exp(-x))),
+    "gelu_tanh": ({}, 1, 4.0, lambda a, x: 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))),
+    "softcap": ({"cap": 30.0}, 1, 40.0, lambda a, x: np.tanh(x / a["cap"]) * a["cap"]),
 }
 
 
 @pytest.mark.parametrize("op", ELEMENTWISE)
 @pytest.mark.parametrize("shape", [(1, 64), (7, 300)])
 def test_elementwise(rng, op, shape):
-    a, n, scale = ELEMENTWISE[op]
+    a, n, scale, definition = ELEMENTWISE[op]
     xs = [normal(rng, *shape, scale=scale) for _ in range(n)]
     out = poisoned(shape, F32)
     run(op, a, [out], *xs)
     assert_written(out)
     assert_same(out, IMPLS[op](a, *xs))
+    assert_close(out, definition(a, *(x.astype(np.float64) for x in xs)), EXACT)
 
 
 # --- take_rows -------------------------------------------------------------------------------------

@@ -117,8 +117,10 @@ def test_tensor_table_matches_gguf_py(pair):
         assert t.offset + t.nbytes <= ours.size
 
 
-def test_tensor_bytes_match_gguf_py(pair):
+@pytest.mark.parametrize("pair", [f for f in FILES if not f.values[0].startswith("vocab")], indirect=True)
+def test_tensor_bytes_match_gguf_py(pair):  # vocabulary-only files have no tensors
     ours, ref = pair
+    assert ref.tensors
     for rt in ref.tensors:
         got = ours.tensor_bytes(rt.name)
         want = np.ascontiguousarray(rt.data).view(np.uint8).reshape(-1)

@@ -156,6 +156,6 @@ def test_gemma3_capital_of_france(gemma3_path):
     # the capital of the country of". Step 11 is a near tie (llama.cpp's margin 0.035) that rounding takes
     # either way; the 11 tokens before it agree (step 4, margin 0.031, happens to go llama.cpp's way).
     # Pinned: re-pin with care, and only for a change in rounding.
-    assert ids == [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 5279, 529, 506, 2891, 529]
-    assert case["top1_margin"][11] < 0.04
+    assert ids[:11] == case["greedy_ids"][:11] and case["top1_margin"][11] < 0.04  # against llama.cpp
+    assert ids == [506, 5279, 529, 506, 2891, 529, 7001, 236761, 1030, 563, 506, 5279, 529, 506, 2891, 529]  # the pin
     assert ids[:11] == case["greedy_ids"][:11]
