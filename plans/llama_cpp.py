@@ -3,6 +3,7 @@ llama-cpp-python is importable (it is not a dependency of llmplan)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import time
 from typing import Any
@@ -11,11 +12,7 @@ import numpy as np
 
 
 def available() -> bool:
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("llama_cpp") is not None
 
 
 def load(model: str, n_ctx: int, **settings: Any):

@@ -31,6 +31,8 @@ from llmplan.ir.interpret import IMPLS
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
 from llmplan.models.model import open_model
+from llmplan.models.tokenizer import load_tokenizer
+from tokenizer_refs import model_path
 
 DATA = Path(__file__).parent / "data"
 
@@ -116,6 +118,15 @@ def test_layer0_ops_reproduce_llama_cpp(request, model):
 
 
 # --- 2. whole model ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["tiny-llama-spm-Q4_K_M", "tiny-llama3-bpe-Q4_K_M", "gemma3-270m"])
+def test_prompts_tokenize_as_llama_cpp(request, name):
+    tok = load_tokenizer(model_path(request, name))
+    cases = json.loads((REFERENCE / f"ref_{name}.json").read_text())["generate"]
+    assert cases
+    for case in cases:
+        assert tok.encode(case["prompt"], add_special=True, parse_special=True) == case["prompt_ids"]
+
 
 MODELS = {"tiny-llama-spm-Q4_K_M": lambda r: TINY_SPM, "tiny-llama3-bpe-Q4_K_M": lambda r: TINY_BPE,
           "gemma3-270m": lambda r: r.getfixturevalue("gemma3_path")}

@@ -29,15 +29,6 @@ def test_reference_strings_both_modes(spm):
         assert ids == case["ids"], (name, case)
 
 
-@pytest.mark.parametrize("name", [n for n in SPM_FILES if not n.startswith("vocab-")])  # vocab files: no prompts
-def test_reference_prompts(request, name):
-    tok = load_tokenizer(model_path(request, name))
-    cases = reference(name)["generate"]
-    assert cases
-    for gen in cases:
-        assert tok.encode(gen["prompt"], add_special=True, parse_special=True) == gen["prompt_ids"]
-
-
 def test_llama2_vocab_cases():
     tok = load_tokenizer(VOCAB_SPM)
     for text, ids in vocab_cases(VOCAB_SPM):
