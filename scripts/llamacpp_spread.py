@@ -53,9 +53,9 @@ def llama_cpp_runs(path: Path, cases: list[dict], settings: dict) -> list[tuple[
     return [llama_cpp.greedy(llm, c["prompt_ids"], len(c["greedy_ids"])) for c in cases]
 
 
-def our_runs(path: Path, cases: list[dict], pack: bool = True) -> list[tuple[np.ndarray, list[int]]]:
-    """The reference interpreter's; with pack=False every 8-bit packing is skipped (a measurement of
-    what the packing noise alone does, not a mode of llmplan)."""
+def our_runs(path: Path, cases: list[dict]) -> dict[str, list[tuple[np.ndarray, list[int]]]]:
+    """The reference interpreter's, as it is ("llmplan") and with every 8-bit packing skipped ("llmplan
+    unpacked": a measurement of what the packing noise alone does, not a mode of llmplan)."""
     from llmplan.ir import interpret
     from llmplan.ir.reference import ReferenceDecoder
     from llmplan.ir.trace import trace_model
@@ -65,13 +65,19 @@ def our_runs(path: Path, cases: list[dict], pack: bool = True) -> list[tuple[np.
     table = m.weight_table()
     prefill, decode = trace_model(m.config, table, "prefill"), trace_model(m.config, table, "decode")
     weight = functools.lru_cache(None)(m.dequantize)
-    packing = interpret.IMPLS["pack"]
-    interpret.IMPLS["pack"] = packing if pack else (lambda attrs, x: x)
-    try:
+
+    def greedy():
         return [ReferenceDecoder(prefill, decode, weight, len(c["prompt_ids"]) + len(c["greedy_ids"])).greedy(
             c["prompt_ids"], len(c["greedy_ids"])) for c in cases]
+
+    out = {"llmplan": greedy()}
+    packing = interpret.IMPLS["pack"]
+    interpret.IMPLS["pack"] = lambda attrs, x: x
+    try:
+        out["llmplan unpacked"] = greedy()
     finally:
         interpret.IMPLS["pack"] = packing
+    return out
 
 
 def compare(runs: list[tuple[np.ndarray, list[int]]], cases: list[dict], recorded) -> dict:
@@ -95,8 +101,7 @@ def main() -> None:
         cases = json.loads((FIXTURES / "reference" / f"ref_{name}.json").read_text())["generate"]
         recorded = np.load(FIXTURES / "reference" / f"ref_{name}.npz")
         runs = {label: llama_cpp_runs(paths[name], cases, s) for label, s in SETTINGS.items()}
-        runs["llmplan"] = our_runs(paths[name], cases)
-        runs["llmplan unpacked"] = our_runs(paths[name], cases, pack=False)
+        runs |= our_runs(paths[name], cases)
         result[name] = {label: compare(r, cases, recorded) for label, r in runs.items()}
         result[name]["recorded"] = {"first_margin_under_0.1": [
             next((i for i, mg in enumerate(c["top1_margin"]) if mg < 0.1), None) for c in cases]}
