@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 from . import toolchain
 from .kernel import Kernel

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 _NVIDIA_DIRS = ["/usr/local/cuda/bin", *sorted(glob.glob("/usr/local/cuda-*/bin"))]
 

@@ -1,6 +1,6 @@
 """IR errors: a bad graph is a bug in whatever built it; bad IR text is the user's input."""
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 
 class IRError(Exception):

@@ -1,6 +1,6 @@
 """The reference interpreter: runs any graph with NumPy, the semantic ground truth for passes and kernels.
 
-Activations are float32 with the rounding of models/numerics.py (shared with the CPU backend), weights
+Activations are float32 with the rounding of core/numerics.py (shared with the CPU backend), weights
 are dequantized float32 supplied by the caller, and the K/V cache is the paged f16 array [layers, 2,
 blocks, PAGE, kv features] (numerics.store_kv) updated in place when no later node still reads the old
 version. Correct and simple rather than fast.
@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 
 from .errors import IRError
 from .graph import Graph, Node, Value

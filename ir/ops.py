@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmplan.models.numerics import PAGE
+from llmplan.core.formats import ACTIVATION_FORMAT, PACK_BLOCK
+from llmplan.core.numerics import PAGE
 
 from .errors import IRTypeError
 from .types import Dim, Type
@@ -105,15 +106,6 @@ def rmsnorm(ts, a):
     return (x,)
 
 
-# Activations are packed to the format the weight's dot product takes, as llama.cpp's CPU backend
-# does: 32-value blocks with an f16 scale (q8_0; q8_1 adds the block sum for formats with a min) for
-# the 32-value weight formats, 256-value blocks with an f32 scale (q8_k) for the K-quants.
-ACTIVATION_FORMAT = {
-    "f32": "f32", "f16": "f16", "bf16": "bf16",
-    "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0", "q4_1": "q8_1", "q5_1": "q8_1",
-    "q2_k": "q8_k", "q3_k": "q8_k", "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k",
-}
-PACK_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}
 
 
 @op("x", format="str")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmplan.models.numerics import PAGE, pages_for
+from llmplan.core.numerics import PAGE, pages_for
 
 from .graph import Graph
 from .interpret import Interpreter, WeightFn

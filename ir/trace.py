@@ -13,10 +13,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any, Callable
 
-from .graph import Graph, Node, Value, make_node
-from llmplan.models.numerics import PAGE
+from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.numerics import PAGE
 
-from .ops import ACTIVATION_FORMAT, REGISTRY, infer
+from .graph import Graph, Node, Value, make_node
+from .ops import REGISTRY, infer
 from .types import Dim, Type
 
 PHASES = ("prefill", "decode", "decode-batch")
@@ -102,18 +103,17 @@ class Tracer:
 
 
 @lru_cache(maxsize=32)
-def _trace_cached(config, weights: tuple[tuple[str, Type], ...], phase: str) -> Graph:
-    from llmplan.models.architectures import definition
-
+def _trace_cached(definition: Callable, config, weights: tuple[tuple[str, Type], ...], phase: str) -> Graph:
     c = config
     cache = Type("f16", (c.n_layers, 2, "blocks", PAGE, c.kv_dim))
     nn = Tracer(c.arch, phase, dict(weights), cache)
-    logits, cache_out = definition(c.arch)(nn, c)
+    logits, cache_out = definition(nn, c)
     return nn.finish(logits=logits, cache=cache_out)
 
 
-def trace_model(config, weights: dict[str, tuple[str, tuple[int, ...]]], phase: str) -> Graph:
-    """The graph of one phase of a model. `weights` maps tensor names to (format, shape in NumPy
-    order); `config` is a models.config.ModelConfig."""
+def trace_model(definition: Callable, config, weights: dict[str, tuple[str, tuple[int, ...]]], phase: str) -> Graph:
+    """The graph of one phase of a model: `definition(nn, config)` (models/llama.py, models/gemma3.py)
+    called with a Tracer. `weights` maps tensor names to (format, shape in NumPy order); `config` is a
+    models.config.ModelConfig."""
     table = tuple(sorted((n, Type(fmt.lower(), tuple(shape))) for n, (fmt, shape) in weights.items()))
-    return _trace_cached(config, table, phase)
+    return _trace_cached(definition, config, table, phase)

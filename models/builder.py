@@ -22,8 +22,8 @@ import numpy as np
 from gguf import GGUFValueType as V
 
 from .config import ModelConfig, config_to_metadata
-from .errors import InputError
-from .formats import Format
+from llmplan.core.errors import InputError
+from llmplan.core.formats import Format
 from .gguf import GGUFFile, MetaValue
 from .gguf_write import GGUFWriter
 from .model import expected_tensors

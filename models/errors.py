@@ -1,8 +1,7 @@
 """Errors caused by what the user handed us. The CLI reports these as one line and exits 2."""
 
 
-class InputError(ValueError):
-    """Base of every error about bad input (files, metadata, arguments), as opposed to a bug."""
+from llmplan.core.errors import InputError
 
 
 class GGUFError(InputError):
@@ -20,10 +19,6 @@ class GGUFEndianError(GGUFError):
 
 class ConfigError(InputError):
     """Model metadata or the tensor table does not describe a model we can run."""
-
-
-class FormatError(InputError):
-    """A tensor format we cannot decode, or data whose size does not fit its format."""
 
 
 class TokenizerError(InputError):

@@ -15,7 +15,7 @@ from typing import BinaryIO, Iterable
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType as V
 
-from .formats import format_of
+from llmplan.core.formats import format_of
 from .gguf import DEFAULT_ALIGNMENT, MAGIC, NUMPY_DTYPES, SCALAR_CODES, MetaValue
 
 VERSION = 3

@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from llmplan.core.formats import dequantize, format_of
+
+from .architectures import definition
 from .config import ModelConfig, config_from_gguf
 from .errors import ConfigError
-from .formats import dequantize, format_of
 from .gguf import GGUFFile, TensorInfo
 
 
@@ -70,6 +72,11 @@ class Model:
         """One weight as float32 in NumPy order (rows first): [out, in] for a matrix."""
         t = self.weights[name]
         return dequantize(self.file.tensor_bytes(name), t.type, t.shape[::-1])
+
+    @property
+    def definition(self):
+        """The architecture's model definition, which ir/trace.py's tracer calls."""
+        return definition(self.config.arch)
 
     def weight_table(self) -> dict[str, tuple[str, tuple[int, ...]]]:
         """Tensor name -> (format name, shape in NumPy order: rows first), what the tracer types weights by."""

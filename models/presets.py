@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from .config import ModelConfig, gemma3_swa_layers, validate_config
-from .errors import InputError
+from llmplan.core.errors import InputError
 
 
 @dataclass(frozen=True)

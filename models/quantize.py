@@ -23,8 +23,8 @@ from typing import Callable
 
 import numpy as np
 
-from .errors import FormatError, InputError
-from .formats import QK_K, Format, format_of
+from llmplan.core.errors import FormatError, InputError
+from llmplan.core.formats import QK_K, Format, format_of
 
 F32 = np.float32
 U8 = np.uint8

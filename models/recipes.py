@@ -10,8 +10,8 @@ from __future__ import annotations
 from gguf import LlamaFileType
 
 from .config import ModelConfig
-from .errors import InputError
-from .formats import Format, format_of
+from llmplan.core.errors import InputError
+from llmplan.core.formats import Format, format_of
 
 # recipe -> (default format of 2-D weights, general.file_type written to the header)
 RECIPES: dict[str, tuple[str, LlamaFileType]] = {

@@ -8,7 +8,7 @@ from types import ModuleType
 from llmplan.ir.errors import IRError
 from llmplan.ir.graph import Graph
 from llmplan.ir.verify import verify
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 from . import (dce, fuse_attn_reduce_pack, fuse_gate_up, fuse_glu_pack, fuse_norm_pack, fuse_qkv, fuse_residual,
                fuse_rope_kv, fuse_tail, split_attention)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from llmplan.ir.graph import Graph
 
-from llmplan.models.numerics import SLICE
+from llmplan.core.numerics import SLICE
 
 from .rewrite import Rewriter
 

@@ -7,7 +7,7 @@ import importlib
 import os
 import sys
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 # Each name is a module plans/cmd_<name>.py exposing register(subparsers); the order is --help's.
 COMMANDS = ["info", "make_model", "compile", "tune", "run", "inspect", "tokenize", "detokenize", "chat_template", "ir", "passes"]

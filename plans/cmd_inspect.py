@@ -11,8 +11,8 @@ import sys
 from collections import Counter
 from typing import Any
 
-from llmplan.models.errors import InputError
-from llmplan.models.numerics import PAGE, pages_for
+from llmplan.core.errors import InputError
+from llmplan.core.numerics import PAGE, pages_for
 
 from .console import format_table, human_bytes, print_json
 from .planfile import read_body, read_header

@@ -15,7 +15,7 @@ from llmplan.ir.printer import print_graph
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.ir.verify import verify
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 from llmplan.models.tokenizer import load_tokenizer
 from llmplan.passes.manager import check_pass_name, run_passes
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _graph(model, phase: str, after: str | None):
     """The traced graph of a phase, or the graph after pass `after`."""
-    g = verify(trace_model(model.config, model.weight_table(), phase))
+    g = verify(trace_model(model.definition, model.config, model.weight_table(), phase))
     if after:
         check_pass_name(after)
         g = next(s.graph for s in run_passes(g) if s.name == after)

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from llmplan.models.builder import plan_build
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.presets import PRESETS
 from llmplan.models.recipes import RECIPES
 

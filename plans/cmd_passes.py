@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     only = check_pass_name(args.only) if args.only else None
     model = open_model(args.model)
-    snaps = run_passes(trace_model(model.config, model.weight_table(), args.phase))
+    snaps = run_passes(trace_model(model.definition, model.config, model.weight_table(), args.phase))
     texts = [print_graph(s.graph) for s in snaps]
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
 

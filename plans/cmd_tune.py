@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 
 from . import cpu_tuning

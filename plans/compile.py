@@ -12,9 +12,9 @@ import numpy as np
 from llmplan.codegen.build import cache_root
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.model import Model, open_model
-from llmplan.models.numerics import pages_for
+from llmplan.core.numerics import pages_for
 from llmplan.passes.manager import run_passes
 
 from . import cpu_tuning
@@ -37,7 +37,7 @@ CPU_RESIDENCY = {
 
 # How GPU kernels read each weight (the launch argument's "layout"); the runtime lays them out at load.
 GPU_RESIDENCY = {
-    "planar": "field planes (models/formats.planes): each quantized field of all blocks of a row together, "
+    "planar": "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
               "so a lane's 16-byte load reads one field of consecutive blocks",
     "plain": "as in the file: norm weights and rope factors",
 }
@@ -89,7 +89,7 @@ def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
     table = model.weight_table()
     phases, texts, declines = {}, {}, {}
     for phase in PHASES:
-        snaps = run_passes(trace_model(model.config, table, phase))
+        snaps = run_passes(trace_model(model.definition, model.config, table, phase))
         fused = snaps[-1].graph
         texts[phase] = print_graph(fused)
         declines[phase] = [d for s in snaps for d in s.declines]

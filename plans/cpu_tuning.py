@@ -1,7 +1,7 @@
 """The CPU backend's measured decision: the panel size of each projection.
 
 Every projection (matmul, matmul_segmented, matmul_residual, and the fused tail's output head) computes
-each activation row as its own BLAS sgemv over panels of weight rows (models/numerics.matmul), so its
+each activation row as its own BLAS sgemv over panels of weight rows (core/numerics.matmul), so its
 bits never depend on the rows beside it. The panel (how many weight rows the batch's rows share while
 they are in cache: 256 KiB, 1 MiB, 4 MiB, or one panel over all of w) changes the speed with the shape
 (K, the weights' N, the phase's rows: max_seqs for batched decode, the chunk for prefill) and with the
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 
 from . import probes
 from .devices import DeviceFacts

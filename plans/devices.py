@@ -12,7 +12,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import msgpack
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.gguf import GGUFFile
 
 MAGIC = b"LLMPLAN\0"

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 from .tune_store import ENTRY_FORMAT
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.models.formats import ACTIVATION_FORMATS, planes
-from llmplan.models.numerics import PAGE
+from llmplan.core.formats import ACTIVATION_FORMATS, planes
+from llmplan.core.numerics import PAGE
 
 from .cpu_kernels import KERNELS, Packed
 from .cpu_weights import CpuWeights

@@ -4,7 +4,7 @@ A kernel is called as kernel(op, attrs, outputs, *inputs), `op` naming the varia
 it reads its inputs and writes its outputs in place: arena views (f32 rows, 8-bit activation
 blocks as field planes, i32 tokens), the paged f16 K/V planes [layers, 2, blocks, PAGE, kv features],
 step state, and weights as the plan's residency says (float32 matrices for projections, mapped
-quantized rows for the embedding). Arithmetic is models/numerics.py's, shared with the IR's reference
+quantized rows for the embedding). Arithmetic is core/numerics.py's, shared with the IR's reference
 interpreter, so a plan run on the CPU gives the interpreter's numbers; GPU kernels are tested against
 these functions.
 """
@@ -15,12 +15,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from llmplan.models import numerics as num
-from llmplan.models.formats import dequantize
+from llmplan.core import numerics as num
+from llmplan.core.formats import dequantize
 
 
 class Packed:
-    """A packed activation buffer [rows, K] as its field planes (models/formats.planes): `d`, `qs` and
+    """A packed activation buffer [rows, K] as its field planes (core/formats.planes): `d`, `qs` and
     `s` (q8_1) or `bsums` (q8_k), each [rows, blocks, ...]."""
 
     def __init__(self, fmt: str, planes: dict[str, np.ndarray]):

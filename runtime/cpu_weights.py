@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmplan.models.formats import dequantize, format_of
+from llmplan.core.formats import dequantize, format_of
 from llmplan.models.gguf import GGUFFile
 
 from .cpu_kernels import MappedRows

@@ -22,9 +22,9 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.gguf import GGUFFile
-from llmplan.models.numerics import PAGE, pages_for
+from llmplan.core.numerics import PAGE, pages_for
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.plans.devices import local_cpu
 from llmplan.plans.planfile import read_header, read_plan

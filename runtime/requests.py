@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 
 
 class RequestError(InputError):

@@ -63,7 +63,7 @@ def our_runs(path: Path, cases: list[dict]) -> dict[str, list[tuple[np.ndarray, 
 
     m = open_model(path)
     table = m.weight_table()
-    prefill, decode = trace_model(m.config, table, "prefill"), trace_model(m.config, table, "decode")
+    prefill, decode = trace_model(m.definition, m.config, table, "prefill"), trace_model(m.definition, m.config, table, "decode")
     weight = functools.lru_cache(None)(m.dequantize)
 
     def greedy():

@@ -2,7 +2,7 @@
 
 Weights: quantized blocks with random bytes in every quantized field (every bit pattern of a format's
 packing is exercised) and moderate random f16 scales of either sign, in the planar relayout the kernels
-read (models/formats.planes). Activations: arena-style packed buffers (field planes, with a
+read (core/formats.planes). Activations: arena-style packed buffers (field planes, with a
 cpu_kernels.Packed view of the same bytes for the CPU twins), filled either with random fields or by
 the twins' own packing of real values. The paged K/V cache: a page table over the cache's blocks in a
 scrambled order, and a cache whose every cell a kernel has no business reading is NaN. nmse: DESIGN.md's
@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.models import numerics as num
-from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, Format, dequantize, planes
+from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, Format, dequantize, planes
 from llmplan.runtime.cpu_kernels import Packed
 
 
@@ -43,7 +43,7 @@ def random_blocks(rng: np.random.Generator, fmt: str | Format, n: int, k: int) -
 
 
 def planar_bytes(fmt: str | Format, blocks: np.ndarray, rows: int, k: int) -> np.ndarray:
-    """The planar relayout (models/formats.planes) of `rows` rows of blocks, as bytes."""
+    """The planar relayout (core/formats.planes) of `rows` rows of blocks, as bytes."""
     f = _fmt(fmt)
     blocks = np.ascontiguousarray(blocks).reshape(-1)
     ps, total = planes(f, rows, k)
@@ -91,7 +91,7 @@ def random_activation(rng: np.random.Generator, fmt: str, rows: int, k: int) -> 
 
 def pack_activation(x: np.ndarray, fmt: str) -> tuple[np.ndarray, Any]:
     """(the buffer a kernel reads, what the CPU twin reads) of real values x [rows, k]: f16 rows, or x
-    packed by the CPU twins' own packing (models/numerics.pack_blocks) into the field planes."""
+    packed by the CPU twins' own packing (core/numerics.pack_blocks) into the field planes."""
     if fmt == "f16":
         a = x.astype(np.float16)
         return a, a

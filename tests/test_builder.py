@@ -6,8 +6,9 @@ import pytest
 
 from conftest import VOCAB_BPE
 from llmplan.models.builder import llama31_rope_factors, plan_build
-from llmplan.models.errors import ConfigError, InputError
-from llmplan.models.formats import dequantize
+from llmplan.core.errors import InputError
+from llmplan.models.errors import ConfigError
+from llmplan.core.formats import dequantize
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.model import expected_tensors, open_model
 from llmplan.models.presets import PRESETS, preset_config

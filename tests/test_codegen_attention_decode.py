@@ -19,7 +19,7 @@ from llmplan.codegen.build import KERNEL_DIR, BuildError
 from llmplan.codegen.families import attention_decode as ad
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 from llmplan.runtime import cpu_kernels as ck
 
 # (head_dim, group, chunk): Llama-3-8B, Llama-3-70B, Gemma 3, Llama 2 (MHA), small and odd head sizes,

@@ -2,7 +2,7 @@
 
 Launch records; a build of every table format for all five targets (no spills, no stack, no float FMA
 in the dequantization: the CPU twin rounds every product on its own); and bit-exact rows against the
-CPU twin (runtime/cpu_kernels.py embed over models/formats.dequantize) on the CPU emulator
+CPU twin (runtime/cpu_kernels.py embed over core/formats.dequantize) on the CPU emulator
 (tests/kernel_emu.py), random quant bytes, with out-of-range tokens giving NaN rows.
 """
 
@@ -24,7 +24,7 @@ from llmplan.codegen import build as build_mod
 from llmplan.codegen.families import embed
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.models.formats import FORMATS
+from llmplan.core.formats import FORMATS
 from llmplan.runtime.cpu_kernels import MappedRows
 from llmplan.runtime.cpu_kernels import embed as cpu_embed
 

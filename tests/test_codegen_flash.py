@@ -5,7 +5,7 @@
   declares flash_attention unsupported), one translation unit per target: no spills, no stack, f16
   matrix-core instructions in the flash kernels, static shared memory as shared_bytes() says.
 - Numbers on the CPU (tests/kernel_emu.py, mma.sync and WMMA fragments emulated; the row member also
-  on waves of 64) against the CPU twin (models/numerics.py attention): chunks spanning several
+  on waves of 64) against the CPU twin (core/numerics.py attention): chunks spanning several
   sequences in one tile, GQA groups that do and do not divide a block, sliding windows, contexts of
   many K/V tiles; the cache is paged, read through a page table in scrambled block order, with NaN in
   every cell the rows may not read (before a window inside its first page, past the last row's
@@ -26,7 +26,7 @@ from kernel_inputs import nmse, page_table, paged_cache
 from llmplan.codegen.families import attention_prefill as attn
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 
 DIMS = (64, 128, 256)
 # online softmax rounds exp(s - running max) to f16 where the twin rounds exp(s - final max): the

@@ -26,7 +26,7 @@ from kernel_inputs import nmse, random_activation, random_weight
 from llmplan.codegen.families import matvec
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.ir.ops import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT
 from llmplan.runtime.cpu_kernels import matmul as cpu_matmul
 
 TIGHT = 1e-9

@@ -1,6 +1,6 @@
 """The decode step's small fused kernels: rope + K/V write (rope_kv, norm_rope_kv), GLU + pack, and
 elementwise ops / row gathers. They build for every target with no spills, their Launch records are
-what the runtime needs, the rope table reproduces models/numerics.rope within the tolerance claimed in
+what the runtime needs, the rope table reproduces core/numerics.rope within the tolerance claimed in
 codegen/families/rope_kv.py, and, run on the host emulator (tests/kernel_emu.py) through their
 Launch records, they compute what the CPU twins compute."""
 
@@ -19,7 +19,7 @@ from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.families import glu, rope_kv
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 from llmplan.models.builder import llama31_rope_factors
 from llmplan.runtime import cpu_kernels as ck
 

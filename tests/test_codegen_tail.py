@@ -21,9 +21,9 @@ from kernel_inputs import planar_bytes, random_blocks, random_weight
 from llmplan.codegen.families import matvec, tail
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.ir.ops import ACTIVATION_FORMAT
-from llmplan.models import numerics as num
-from llmplan.models.formats import ACTIVATION_FORMATS, dequantize, planes
+from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATION_FORMATS, dequantize, planes
 from llmplan.runtime.cpu_kernels import tail_argmax as cpu_tail
 
 EPS = 1e-5

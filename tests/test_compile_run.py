@@ -47,8 +47,8 @@ def test_compile_then_run_matches_interpreter_and_llama_cpp(request, tmp_path_fa
     engine = _engine(path, tmp_path_factory.getbasetemp())
     m = open_model(path)
     table = m.weight_table()
-    interp = ReferenceDecoder(compile_graph(trace_model(m.config, table, "prefill")),
-                              compile_graph(trace_model(m.config, table, "decode")),
+    interp = ReferenceDecoder(compile_graph(trace_model(m.definition, m.config, table, "prefill")),
+                              compile_graph(trace_model(m.definition, m.config, table, "decode")),
                               functools.lru_cache(None)(m.dequantize), 128)
     rows = np.load(REFERENCE / f"ref_{name}.npz")
     for k, case in enumerate(json.loads((REFERENCE / f"ref_{name}.json").read_text())["generate"]):

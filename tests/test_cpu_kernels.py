@@ -6,7 +6,7 @@ float outputs, 0x80 bytes for packed values, bf16 bit patterns and int32), the k
 `KERNELS[FAMILY_OF_OP[op]](op, attrs, outs, *inputs)` as the CPU executor calls it, its outputs checked
 fully written and compared with `IMPLS[op]` on the same values: normalized MSE under 1e-7 for
 exact-arithmetic kernels and 5e-4 for accumulation-order-sensitive ones, NaN/Inf positions equal.
-Kernels and interpreter share models/numerics.py, so most comparisons are bit-exact and assert that too.
+Kernels and interpreter share core/numerics.py, so most comparisons are bit-exact and assert that too.
 
 Packed outputs are also checked byte by byte against references that do not use our packing code:
 models/quantize.py's Q8_0 quantizer (q8_0 and q8_1 `d`/`qs`), f16(d * sum(qs)) (q8_1 `s`), a transcription
@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 
 from llmplan.ir.interpret import IMPLS
-from llmplan.models.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
-from llmplan.models.numerics import PAGE
+from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
+from llmplan.core.numerics import PAGE
 from llmplan.models.quantize import quantize
 from llmplan.plans.catalog import FAMILIES, FAMILY_OF_OP
 from llmplan.runtime.cpu_kernels import KERNELS, MappedRows, Packed
@@ -120,7 +120,7 @@ def assert_close(got, want, tol):
 
 
 def assert_same(got, want):
-    """Bit-for-bit equal values (NaN where NaN): the kernel and the interpreter share models/numerics.py."""
+    """Bit-for-bit equal values (NaN where NaN): the kernel and the interpreter share core/numerics.py."""
     assert_close(got, want, EXACT)
     np.testing.assert_array_equal(got, want)
 

@@ -6,8 +6,8 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 
 from conftest import TINY_BPE, TINY_SPM
-from llmplan.models.errors import FormatError
-from llmplan.models.formats import FORMATS, dequantize, format_of
+from llmplan.core.errors import FormatError
+from llmplan.core.formats import FORMATS, dequantize, format_of
 from llmplan.models.gguf import GGUFFile
 
 

@@ -18,7 +18,7 @@ MODELS = {"tiny-llama-spm": lambda _: TINY_SPM, "tiny-llama3-bpe": lambda _: TIN
 @pytest.mark.parametrize("model", list(MODELS))
 def test_traced_ir_matches_golden(request, golden, model, phase):
     m = open_model(MODELS[model](request))
-    g = verify(trace_model(m.config, m.weight_table(), phase))
+    g = verify(trace_model(m.definition, m.config, m.weight_table(), phase))
     text = print_graph(g)
     golden(f"ir/{model}.{phase}.ir", text)
     back = verify(parse_graph(text))

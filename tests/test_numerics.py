@@ -1,4 +1,4 @@
-"""models/numerics.py properties the engine relies on: a projection's row never depends on the rows
+"""core/numerics.py properties the engine relies on: a projection's row never depends on the rows
 computed beside it, so batching sequences or recomputing them changes no bit."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 
 # (K, N): the fixtures' and Gemma 3 270M's projection shapes, a head-sized one, an odd N
 SHAPES = [(512, 1536), (1024, 2816), (2816, 1024), (640, 1536), (2048, 640), (640, 40960), (96, 333)]

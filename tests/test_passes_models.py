@@ -12,6 +12,7 @@ from conftest import REFERENCE, TINY_BPE, TINY_SPM
 from llmplan.ir.printer import print_graph
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
+from llmplan.models.architectures import definition
 from llmplan.models.builder import plan_build
 from llmplan.models.model import open_model
 from llmplan.passes.manager import PASS_NAMES, compile_graph, run_passes
@@ -20,7 +21,7 @@ from llmplan.passes.manager import PASS_NAMES, compile_graph, run_passes
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_every_pass_matches_golden_tiny_llama3(golden, phase):
     m = open_model(TINY_BPE)
-    snaps = run_passes(trace_model(m.config, m.weight_table(), phase))
+    snaps = run_passes(trace_model(m.definition, m.config, m.weight_table(), phase))
     assert [s.name for s in snaps] == ["traced", *PASS_NAMES]
     for i, s in enumerate(snaps):
         golden(f"passes/tiny-llama3-bpe.{phase}/{i:02d}_{s.name}.ir", print_graph(s.graph))
@@ -29,7 +30,7 @@ def test_every_pass_matches_golden_tiny_llama3(golden, phase):
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_final_fused_gemma3_matches_golden(golden, gemma3_path, phase):
     m = open_model(gemma3_path)
-    golden(f"passes/gemma3-270m.{phase}.fused.ir", print_graph(compile_graph(trace_model(m.config, m.weight_table(), phase))))
+    golden(f"passes/gemma3-270m.{phase}.fused.ir", print_graph(compile_graph(trace_model(m.definition, m.config, m.weight_table(), phase))))
 
 
 MODELS = {"tiny-llama-spm-Q4_K_M": lambda r: TINY_SPM, "tiny-llama3-bpe-Q4_K_M": lambda r: TINY_BPE,
@@ -44,7 +45,7 @@ def test_fused_graphs_give_the_unfused_results(request, name):
     m = open_model(MODELS[name](request))
     table = m.weight_table()
     weight = functools.lru_cache(None)(m.dequantize)
-    graphs = {ph: trace_model(m.config, table, ph) for ph in ("prefill", "decode")}
+    graphs = {ph: trace_model(m.definition, m.config, table, ph) for ph in ("prefill", "decode")}
     fused = {ph: compile_graph(g) for ph, g in graphs.items()}
     case = json.loads((REFERENCE / f"ref_{name}.json").read_text())["generate"][0]
     plain = ReferenceDecoder(graphs["prefill"], graphs["decode"], weight, 64)
@@ -58,7 +59,7 @@ def test_fused_graphs_give_the_unfused_results(request, name):
 def test_fused_tail_gives_the_greedy_token():
     m = open_model(TINY_BPE)
     weight = functools.lru_cache(None)(m.dequantize)
-    g = compile_graph(trace_model(m.config, m.weight_table(), "prefill"))
+    g = compile_graph(trace_model(m.definition, m.config, m.weight_table(), "prefill"))
     dec = ReferenceDecoder(g, g, weight, 32)
     out = dec._prefill.run({"tokens": np.array([0, 5, 9, 100], np.int32), "pos": np.arange(4, dtype=np.int32),
                             "seq": np.zeros(4, np.int32), "pages": np.repeat(dec.pages, 2, axis=0),
@@ -69,7 +70,7 @@ def test_fused_tail_gives_the_greedy_token():
 def test_llama3_8b_decode_launches(tmp_path):
     b = plan_build(tmp_path / "x.gguf", "llama3-8b")
     table = {n: (b.formats[n].name, s[::-1]) for n, s in b.shapes.items()}
-    g = compile_graph(trace_model(b.config, table, "decode"))
+    g = compile_graph(trace_model(definition(b.config.arch), b.config, table, "decode"))
     ops = [n for n in g.order if n.op not in ("input", "weight")]
     part, launches = "head", Counter()
     for n in ops:

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from llmplan.models.errors import FormatError, InputError
-from llmplan.models.formats import FORMATS, dequantize
+from llmplan.core.errors import FormatError, InputError
+from llmplan.core.formats import FORMATS, dequantize
 from llmplan.models.quantize import QUANTIZABLE, quantize, random_blocks
 
 GGUF_PY_FORMATS = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"]

@@ -5,7 +5,7 @@ import pytest
 
 from conftest import TINY_BPE, TINY_SPM
 from llmplan.models.builder import plan_build
-from llmplan.models.errors import InputError
+from llmplan.core.errors import InputError
 from llmplan.models.model import expected_tensors, open_model
 from llmplan.models.presets import preset_config
 from llmplan.models.recipes import tensor_formats, use_more_bits

@@ -88,7 +88,7 @@ def test_layer0_ops_reproduce_llama_cpp(request, model):
     m = open_model(path)
     dump = np.load(DATA / f"llamacpp_{model}_layer0.npz")
     ids = dump["ids"]
-    g = trace_model(m.config, m.weight_table(), "prefill")
+    g = trace_model(m.definition, m.config, m.weight_table(), "prefill")
     names = _layer0_names(g, m.config.arch)
     weight = functools.lru_cache(None)(m.dequantize)
     n = len(ids)
@@ -137,7 +137,7 @@ MARGIN = 1.0
 def _model(path):
     m = open_model(path)
     table = m.weight_table()
-    return (m, trace_model(m.config, table, "prefill"), trace_model(m.config, table, "decode"),
+    return (m, trace_model(m.definition, m.config, table, "prefill"), trace_model(m.definition, m.config, table, "decode"),
             functools.lru_cache(None)(m.dequantize))
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import TINY_BPE, TINY_SPM
-from llmplan.models import numerics as num
+from llmplan.core import numerics as num
 from llmplan.models.model import open_model
 from llmplan.plans import cpu_tuning, probes
 from llmplan.plans.compile import compile_model, limits_for, lower_phases

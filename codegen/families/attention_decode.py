@@ -4,7 +4,7 @@ attention_reduce / attention_reduce_pack.
 attention_partial: one block per (split, K/V head, row), grid (splits, kv_heads, rows), THREADS
 threads; the kernel is specialised on head_dim D, group G = heads / kv_heads and the chunk (the
 split's positions), so the G query heads' slices sit in registers and each K/V row of the slice is
-read once, with 128-bit loads, for all of them. The cache is paged (models/numerics.py PAGE): the
+read once, with 128-bit loads, for all of them. The cache is paged (core/numerics.py PAGE): the
 chunk must be whole pages (256 positions: 16), whose blocks each partial block reads from the page
 table once. Decode is memory bound: the slice's K and V bytes are the traffic, read once at full
 coalescing; the grid fills the GPU from one sequence once the context spans a few chunks.
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.models.numerics import PAGE
+from llmplan.core.numerics import PAGE
 
 from ..build import BuildError
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar

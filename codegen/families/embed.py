@@ -1,5 +1,5 @@
 """Embedding gather (codegen/kernels/embed.cu): op `embed`, rows of the planar table picked by the step's
-tokens, dequantized to f32 bit-exactly as models/formats.dequantize.
+tokens, dequantized to f32 bit-exactly as core/formats.dequantize.
 
 One block of THREADS threads per token row; grid (rows,). A step gathers a few KB per token, so the
 kernel favours being checkable (each value dequantized as formats.py does it) over speed. CPU twin:

@@ -22,7 +22,7 @@ on grid (ceil(sum n_i / 256), rows) with 256 threads. Shared memory is static (n
 opt-in): shared_bytes(member, formats), at most 45.5 KiB (Q2_K at 128x128), under every target's
 default per-block limit (48 KiB CUDA, 64 KiB LDS gfx11/gfx942).
 
-Weights are read in the "planar" relayout ({"weight": name, "layout": "planar"}: models/formats.planes of
+Weights are read in the "planar" relayout ({"weight": name, "layout": "planar"}: core/formats.planes of
 the weight's format with rows = n, k = in features), activations in the arena's field planes.
 
 The workspace of a split launch is not a value of the graph: it is a scratch reference (codegen/kernel.py

@@ -13,7 +13,7 @@ without one gets C = its row count when that is a number (capped at 8), else MAX
 over the weights for any batched decode step up to 8 sequences.
 
 Launch arguments, in order: x, the weights ({"weight": name, "layout": "planar"}: the kernel computes
-the planes of models/formats.planes(FORMATS[fmt], rows=out, k=in) itself), the residual r
+the planes of core/formats.planes(FORMATS[fmt], rows=out, k=in) itself), the residual r
 (matmul_residual), the outputs, then rows (the activation's row count, usually the symbol "rows"), k,
 and each weight's out rows.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmplan.ir.ops import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT
 
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar
 
@@ -42,7 +42,7 @@ class MatvecError(ValueError):
 
 
 def planar(ref: dict[str, Any]) -> dict[str, Any]:
-    """The reference to the planar relayout of a weight (models/formats.planes)."""
+    """The reference to the planar relayout of a weight (core/formats.planes)."""
     return {"weight": ref["weight"], "layout": "planar"}
 
 

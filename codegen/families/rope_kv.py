@@ -8,7 +8,7 @@ head first (q_norm, k_norm), with norm.cu's arithmetic. The kernel is tiny and m
 
 The rope table. The device computes no sin/cos: it reads (cos, sin) from a table that the runtime
 builds once per distinct (base, scale, dims, factors) with `rope_table` below, in float64 exactly as
-models/numerics.rope computes theta, rounded to float32. A launch names it with the argument
+core/numerics.rope computes theta, rounded to float32. A launch names it with the argument
 
     {"rope_table": {"base": float, "scale": float, "dims": int, "factors": weight name or None,
                     "positions": "ctx"}}
@@ -47,7 +47,7 @@ MODES = {"norm": 0, "neox": 1}
 
 def rope_table(positions: int, dims: int, base: float, scale: float, factors: np.ndarray | None = None) -> np.ndarray:
     """(cos, sin) of theta[p, i] = (p * scale) * base^(-2i/dims) / factors[i], computed in float64 as
-    models/numerics.rope does, rounded to float32: shape [positions, dims / 2, 2]."""
+    core/numerics.rope does, rounded to float32: shape [positions, dims / 2, 2]."""
     freqs = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
     if factors is not None:
         freqs = freqs / np.asarray(factors).astype(np.float64)

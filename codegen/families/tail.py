@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.ir.ops import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT
 
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
 from .matvec import MatvecError, check_weight, columns

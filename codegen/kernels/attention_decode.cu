@@ -7,7 +7,7 @@
 // written to part [rows, heads, splits, D + 2]. Splits with no positions (outside the window or past
 // pos) get (0, -inf, 0). The cache is paged (common.cuh): the chunk is CHUNK / LP_PAGE whole pages of
 // the row's sequence (16 for a 256-position chunk), whose blocks the block reads from the page table
-// once, into shared memory, while it loads q. This is models/numerics.py attention_partials / attend,
+// once, into shared memory, while it loads q. This is core/numerics.py attention_partials / attend,
 // in its order:
 //   1. scores s[g][n] = (sum_d f16(q[g][d]) * k[n][d]) * scale in float32 (q rounded to f16 where it
 //      meets the f16 cache; the products of two f16 values are exact in float32);

@@ -3,7 +3,7 @@
 // the byte tricks that turn packed quants into int8 operands of lp_dot4, the K-quants' packed scales
 // (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing,
 // field planes of packed activations, block reductions, and packing a row to 8-bit blocks with
-// exactly the CPU twins' rounding (models/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
+// exactly the CPU twins' rounding (core/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
 // scale and round half to even; q8_k takes the signed max of 256 values, iscale = -127/max,
 // d = 1/iscale, with 16-value sums).
 #pragma once
@@ -75,7 +75,7 @@ __device__ __forceinline__ uint32_t lp_bits4(uint32_t x) { return ((x & 0xFu) * 
 
 // The K-quants' packed scales, from the block's 12 scale bytes byte(0..11) (read from a weight plane or
 // from registers):
-// Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) (models/formats.py k_scale_min)
+// Q4_K / Q5_K: 6-bit scale and min of sub-block j (0..7) (core/formats.py k_scale_min)
 template <class B> __device__ __forceinline__ void lp_k_scale_min(B byte, int j, int& sc, int& mn) {
   if (j < 4) {
     sc = byte(j) & 63;
@@ -86,14 +86,14 @@ template <class B> __device__ __forceinline__ void lp_k_scale_min(B byte, int j,
   }
 }
 
-// Q3_K: signed 6-bit scale of sub-block j (0..15) (models/formats.py q3k_scales)
+// Q3_K: signed 6-bit scale of sub-block j (0..15) (core/formats.py q3k_scales)
 template <class B> __device__ __forceinline__ int lp_q3k_scale(B byte, int j) {
   const int lo = j < 8 ? byte(j) & 0x0F : byte(j - 8) >> 4;
   const int hi = (byte(8 + j % 4) >> (2 * (j / 4))) & 3;
   return (lo | (hi << 4)) - 32;
 }
 
-// The paged K/V cache [layers, 2 (K, V), blocks, LP_PAGE, kv_dim] of f16 (models/numerics.py PAGE, store_kv):
+// The paged K/V cache [layers, 2 (K, V), blocks, LP_PAGE, kv_dim] of f16 (core/numerics.py PAGE, store_kv):
 // sequence s's position p lives in block pages[s * npages + p / LP_PAGE] at offset p % LP_PAGE, npages
 // being the page table's row length. lp_kv_plane is the first element of the K (kv 0) or V (kv 1) plane
 // of a layer; a position's row of kv_dim features starts lp_kv_row(block, offset, kv_dim) after it.
@@ -106,10 +106,10 @@ __device__ __forceinline__ size_t lp_kv_row(int block, int offset, int kv_dim) {
   return (size_t)((unsigned)block * LP_PAGE + (unsigned)offset) * (unsigned)kv_dim;
 }
 
-// Planes start on 256-byte boundaries (models/formats.py PLANE_ALIGN).
+// Planes start on 256-byte boundaries (core/formats.py PLANE_ALIGN).
 __device__ __forceinline__ size_t lp_align(size_t n) { return (n + 255) & ~(size_t)255; }
 
-// A packed activation buffer [rows, k] as its planes, in field order (models/formats.py planes()).
+// A packed activation buffer [rows, k] as its planes, in field order (core/formats.py planes()).
 struct Q8Rows {
   void* d;         // lp_half [rows, k/32] (q8_0, q8_1) or float [rows, k/256] (q8_k)
   lp_half* s;      // q8_1: lp_half [rows, k/32] = d * sum(qs); else null

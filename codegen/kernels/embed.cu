@@ -1,5 +1,5 @@
 // embed.cu: the embedding gather. CPU twin: runtime/cpu_kernels.py embed (out = rows tokens[r] of the
-// table, dequantized by models/formats.dequantize).
+// table, dequantized by core/formats.dequantize).
 //
 // Launch geometry: one block per token row; thread t writes values t, t + block, ... of the row.
 // Each value is LpWeight<F>::value (quant.cuh): the dequantizer's float32 operations in its order, so the

@@ -1,6 +1,6 @@
 // flash_attention.cu: prefill attention over the f16 K/V cache, compute-bound.
 //
-// What it computes: models/numerics.py attention. Query row r (heads of D values) attends over sequence
+// What it computes: core/numerics.py attention. Query row r (heads of D values) attends over sequence
 // seq[r]'s positions [first, pos[r]] (first = pos[r] - window + 1 when window > 0, else 0) in the
 // cache's layer; query head h reads K/V head h / (heads / kv_heads). The cache is paged (common.cuh):
 // position p of sequence s is in block pages[s * npages + p / LP_PAGE], offset p % LP_PAGE. Q is rounded

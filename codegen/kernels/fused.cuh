@@ -15,7 +15,7 @@ __device__ __forceinline__ float lp_inf() { return __builtin_inff(); }
 __device__ __forceinline__ bool lp_isfinite(float x) { return lp_abs(x) < __builtin_inff(); }  // false for NaN
 __device__ __forceinline__ float lp_f16_round(float x) { return lp_h2f(lp_f2h(x)); }
 
-// --- activations (models/numerics.py computes them in float64 and rounds once; these are float32) ---
+// --- activations (core/numerics.py computes them in float64 and rounds once; these are float32) ---
 //
 // lp_exp is __builtin_expf: CUDA's expf (at most 2 ulp without fast math) and, on AMD without device
 // libraries, LLVM's own expansion of llvm.exp.f32 (range reduction around v_exp_f32, about 1 ulp).

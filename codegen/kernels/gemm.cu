@@ -15,7 +15,7 @@
 // ceil(rows / TR), splits): x walks the concatenated weight rows of up to three segments (q|k|v,
 // gate|up; each in its own weight format), y the activation rows, z the split of k. K is walked in
 // tiles of 128 values (64 for F16): each thread loads the next tile's raw quantized fields into
-// registers (16-byte loads from the planar weight, models/formats.planes) while the block computes
+// registers (16-byte loads from the planar weight, core/formats.planes) while the block computes
 // the current one from shared memory, then unpacks them to int8 + float scales in shared memory.
 // With splits > 1 the block writes its partial float tile to a workspace [splits, rows, sum n_i] and
 // lp_gemm_fixup sums the partials and applies the epilogue (segment outputs, residual add).
@@ -60,7 +60,7 @@ __device__ __forceinline__ unsigned lp_byte(unsigned w0, unsigned w1, unsigned w
 
 // QK: values per block; SB: values per integer sub-sum; MIN: the format subtracts a min (or adds an
 // offset) that meets the activation's block sums; ACT: activation format (0 q8_0, 1 q8_1, 2 q8_k,
-// 3 f16); FB0..FB4: bytes per block of each field plane, in models/formats.py field order.
+// 3 f16); FB0..FB4: bytes per block of each field plane, in core/formats.py field order.
 template <int F> struct LpW;
 #define LP_WFMT(F_, QK_, SB_, MIN_, ACT_, N_, B0, B1, B2, B3, B4)                                          \
   template <> struct LpW<F_> {                                                                         \
@@ -80,7 +80,7 @@ LP_WFMT(LP_Q5_K, 256, 32, 1, 2, 5, 2, 2, 12, 32, 128)    // d, dmin, scales[12],
 LP_WFMT(LP_Q6_K, 256, 16, 0, 2, 4, 128, 64, 16, 2, 0)    // ql[128], qh[64], scales[16], d
 #undef LP_WFMT
 
-// The field planes of a planar weight [n, k] (models/formats.planes: plane i holds field i of every
+// The field planes of a planar weight [n, k] (core/formats.planes: plane i holds field i of every
 // block, rows in order, each plane starting on a 256-byte boundary). Shared by every weight reader.
 template <int F> struct LpWPlanes {
   const uint8_t* f[5];

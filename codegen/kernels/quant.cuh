@@ -1,14 +1,14 @@
 // quant.cuh: the weight formats on the GPU, one struct per format (LpWeight<F>), shared by the mat-vec,
 // embedding and tail kernels.
 //
-// Weights are stored "planar" (models/formats.py planes()): each field of a format's block layout is one
+// Weights are stored "planar" (core/formats.py planes()): each field of a format's block layout is one
 // contiguous plane [rows, blocks per row, field bytes], planes in field order, each starting on a
 // 256-byte boundary. LpPlaneCursor walks those planes exactly as planes() does; each LpWeight<F> names its
-// fields in the order of models/formats.py FORMATS, so the two can be checked side by side.
+// fields in the order of core/formats.py FORMATS, so the two can be checked side by side.
 //
 // Each LpWeight<F> has
 //   value(row, i)  element i of the row, dequantized with the same float32 operations in the same
-//                  order as models/formats.py's dequantizer (bit-exact; lp_mul_rn keeps every product
+//                  order as core/formats.py's dequantizer (bit-exact; lp_mul_rn keeps every product
 //                  that feeds an add rounded on its own, as NumPy rounds it);
 //   dot<C>(row, p, x, ncols, acc)
 //                  one lane's share of the dot products of a weight row with C activation columns:
@@ -37,7 +37,7 @@ __device__ __forceinline__ int lp_idot4(uint32_t a, uint32_t b, int c) { return 
 
 // --- field planes ---------------------------------------------------------------------------------
 
-// models/formats.py planes(): field after field, each plane [rows, blocks, bytes] on a 256-byte boundary
+// core/formats.py planes(): field after field, each plane [rows, blocks, bytes] on a 256-byte boundary
 struct LpPlaneCursor {
   const char* p;
   size_t blocks;  // rows * blocks per row

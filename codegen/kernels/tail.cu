@@ -3,7 +3,7 @@
 //
 // Three kernels:
 //  1. lp_tail_pack: grid (rows); one block per row writes pack(rmsnorm(x, norm)) to a scratch buffer
-//     laid out as packed activations (models/formats.planes; f16: [rows, k] halves). The q8 formats are
+//     laid out as packed activations (core/formats.planes; f16: [rows, k] halves). The q8 formats are
 //     norm.cu's lp_rmsnorm_pack itself; f16 uses the same norm (lp_rms_scale) then rounds to f16.
 //  2. lp_tail_logits: grid (ceil(vocab / slice), ceil(rows / C)); the waves of a block take the head rows
 //     of its vocabulary slice, one row per wave (quant.cuh's lp_row_dot, exactly as the mat-vec), and

@@ -83,6 +83,17 @@ ACTIVATION_FORMATS: dict[str, Format] = {
 }
 
 
+# The activation format each weight format's dot product takes, as in llama.cpp's CPU backend:
+# 32-value blocks with an f16 scale (q8_0; q8_1 adds the block sum for formats with a min) for the
+# 32-value weight formats, 256-value blocks with an f32 scale (q8_k) for the K-quants.
+ACTIVATION_FORMAT = {
+    "f32": "f32", "f16": "f16", "bf16": "bf16",
+    "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0", "q4_1": "q8_1", "q5_1": "q8_1",
+    "q2_k": "q8_k", "q3_k": "q8_k", "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k",
+}
+PACK_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}  # values per packed block
+
+
 # --- field planes --------------------------------------------------------------------------------
 #
 # On a GPU, blocks of 18, 34 or 210 bytes defeat 16-byte loads. Weights and packed activations there
