@@ -93,6 +93,19 @@ def render(kernels: list[Kernel], vendor: Path = KERNEL_DIR / "vendor.h") -> str
     return "\n".join(out) + "\n"
 
 
+def with_vendor(source: str, header: Path) -> str:
+    """A rendered translation unit (a plan's own source) with its vendor.h section replaced by
+    `header`: the same kernels for another vendor interface (codegen/kernels/emu.h, the host's)."""
+    lines = source.splitlines()
+    try:
+        start = lines.index("// ---- vendor.h ----")
+    except ValueError:
+        raise BuildError("the source has no vendor.h section (not rendered by codegen/build.py render)") from None
+    end = next(i for i in range(start + 1, len(lines)) if re.match(r"// ---- \S+ ----$", lines[i]))
+    text = [ln for ln in header.read_text().splitlines() if ln.strip() != "#pragma once"]
+    return "\n".join(lines[:start] + [f"// ---- {header.name} ----", *text] + lines[end:]) + "\n"
+
+
 # --- compiling -----------------------------------------------------------------------------------
 
 def _run(cmd: list[str], what: str, source: str, target: str) -> subprocess.CompletedProcess:

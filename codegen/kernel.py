@@ -9,7 +9,9 @@ with the constants of this use (formats, tile shapes, widths). Everything that v
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 # A grid dimension: an int, or (symbol, per): ceil(symbol / per), symbol bound per step (rows, seqs).
@@ -28,6 +30,14 @@ class Kernel:
     entry: str  # the generated `LP_KERNEL void <name>(...) { ... }` text
     block: int  # threads per block
     expects: tuple[str, ...] = ()  # instruction classes the compiled code must contain (see build.py)
+
+    @cached_property
+    def params(self) -> tuple[str, ...]:
+        """The C types of the entry point's parameters, in order (what a plan records for its drivers)."""
+        m = re.match(r"LP_KERNEL void (?:__launch_bounds__\([\d, ]+\) )?(\w+)\((.*?)\)\s*\{", self.entry, re.S)
+        if not m or m.group(1) != self.name:
+            raise ValueError(f"kernel {self.name}: its entry does not start as `LP_KERNEL void {self.name}(...)`")
+        return tuple(re.sub(r"\s*\w+$", "", p.strip()) for p in m.group(2).split(",") if p.strip())
 
 
 @dataclass

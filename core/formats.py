@@ -280,3 +280,18 @@ def dequantize(raw: np.ndarray | bytes, fmt: Format | T | int | str, shape: tupl
         part = blocks[s : s + step]
         out[s * fmt.block : (s + part.shape[0]) * fmt.block] = fn(part).reshape(-1)
     return out if shape is None else out.reshape(shape)
+
+
+# Element sizes of the plain dtypes an activation, state input or cache may have.
+SCALAR_BYTES = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
+
+
+def value_bytes(dtype: str, shape: tuple[int, ...] | list[int]) -> int:
+    """Bytes of a value of `dtype` (a plain dtype, or a packed activation format held as field planes)
+    and a bound shape."""
+    n = 1
+    for d in shape:
+        n *= d
+    if dtype in SCALAR_BYTES:
+        return n * SCALAR_BYTES[dtype]
+    return planes(ACTIVATION_FORMATS[dtype.upper()], n // shape[-1], shape[-1])[1]

@@ -23,16 +23,29 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return ((xs * scale) * w).reshape(x.shape)
 
 
+def rope_theta(pos: np.ndarray, dims: int, base: float, scale: float, factors: np.ndarray | None = None) -> np.ndarray:
+    """theta[p, i] = (pos[p] * scale) * base^(-2i/dims) / factors[i] in float64: the angles of rope and
+    of the GPU kernels' (cos, sin) table, from one computation."""
+    freqs = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
+    if factors is not None:
+        freqs = freqs / np.asarray(factors).astype(np.float64)
+    return (np.asarray(pos).astype(np.float64) * scale)[:, None] * freqs[None, :]
+
+
+def rope_table(positions: int, dims: int, base: float, scale: float, factors: np.ndarray | None = None) -> np.ndarray:
+    """(cos, sin) of rope_theta for positions 0..positions-1, rounded to float32: [positions, dims / 2, 2],
+    the table the GPU kernels read instead of computing sin/cos (codegen/families/rope_kv.py)."""
+    theta = rope_theta(np.arange(positions), dims, base, scale, factors)
+    return np.stack([np.cos(theta), np.sin(theta)], axis=-1).astype(np.float32)
+
+
 def rope(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, base: float, scale: float, mode: str,
          factors: np.ndarray | None = None) -> np.ndarray:
     """Rotate each head's first `dims` features by position pos[r] * scale; frequency i is
     base^(-2i/dims) / factors[i]. "norm" pairs (2i, 2i+1), "neox" pairs (i, i + dims/2)."""
     rows = x.shape[0]
     hx = x.reshape(rows, heads, -1).astype(np.float64)
-    freqs = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
-    if factors is not None:
-        freqs = freqs / factors.astype(np.float64)
-    theta = (pos.astype(np.float64) * scale)[:, None] * freqs[None, :]
+    theta = rope_theta(pos, dims, base, scale, factors)
     cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
     out = hx.copy()
     i0, i1 = (slice(0, dims, 2), slice(1, dims, 2)) if mode == "norm" else (slice(0, dims // 2), slice(dims // 2, dims))

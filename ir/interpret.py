@@ -13,6 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from llmplan.core import numerics as num
+from llmplan.core.op_traits import TRAITS
 
 from .errors import IRError
 from .graph import Graph, Node, Value
@@ -84,7 +85,6 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "matmul_residual": lambda a, x, w, r: r + num.matmul(x, w),
     "tail_argmax": lambda a, x, n, w: np.argmax(num.matmul(_pack(a, _rmsnorm(a, x, n)), w), axis=-1).astype(np.int32),
 }
-_IN_PLACE = {"kv_store": 0, "rope_kv": 6, "norm_rope_kv": 6}  # op -> operand it may update in place
 
 
 def _bind(n: Node, arr: np.ndarray, sizes: dict[str, int]) -> None:
@@ -128,10 +128,9 @@ class Interpreter:
             args = [env[o] for o in n.operands]
             for o in n.operands:
                 pending_reads[o] -= 1
-            if n.op in _IN_PLACE:
-                i = _IN_PLACE[n.op]
-                if pending_reads[n.operands[i]] > 0:  # someone still reads the old version
-                    args[i] = args[i].copy()
+            updated = TRAITS[n.op].updates  # the operand the op may update in place
+            if updated is not None and pending_reads[n.operands[updated]] > 0:  # someone still reads the old one
+                args[updated] = args[updated].copy()
             result = IMPLS[n.op](n.attr, *args)
             results = result if isinstance(result, tuple) else (result,)
             for i, r in enumerate(results):

@@ -23,7 +23,7 @@ from gguf import GGUFValueType as V
 
 from .config import ModelConfig, config_to_metadata
 from llmplan.core.errors import InputError
-from llmplan.core.formats import Format
+from llmplan.core.formats import Format, format_of
 from .gguf import GGUFFile, MetaValue
 from .gguf_write import GGUFWriter
 from .model import expected_tensors
@@ -117,8 +117,9 @@ def _vocab_from(path: str) -> list[tuple[str, MetaValue]]:
 
 def plan_build(path: str | os.PathLike, preset: str, recipe: str = "Q4_K_M", seed: int = 0,
                vocab_from: str | None = None, weights: str = "auto",
-               overrides: dict[str, str] | None = None) -> Build:
-    """Everything about a synthetic model file short of its bytes: config, formats, header, size."""
+               overrides: dict[str, str] | None = None, formats: dict[str, str] | None = None) -> Build:
+    """Everything about a synthetic model file short of its bytes: config, formats, header, size.
+    `formats` names tensors whose format is not the recipe's (a mix of formats in one file)."""
     cfg = preset_config(preset, overrides)
     if vocab_from:
         tok = _vocab_from(vocab_from)
@@ -126,7 +127,11 @@ def plan_build(path: str | os.PathLike, preset: str, recipe: str = "Q4_K_M", see
     else:
         tok = tokenizer_metadata(PRESETS[preset].tokenizer, cfg.vocab_size, seed)
     shapes = expected_tensors(cfg)
-    formats = tensor_formats(cfg, recipe, shapes)
+    chosen = formats or {}
+    unknown = sorted(set(chosen) - set(shapes))
+    if unknown:
+        raise InputError(f"no tensor named {unknown[0]} in a {preset} model")
+    formats = tensor_formats(cfg, recipe, shapes) | {name: format_of(f) for name, f in chosen.items()}
     if weights == "auto":
         params = sum(math.prod(s) for s in shapes.values())
         weights = "float" if params <= FLOAT_WEIGHTS_MAX_PARAMS else "blocks"

@@ -16,6 +16,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
+from llmplan.core.errors import InputError
+
 from .errors import GGUFEndianError, GGUFError
 
 MAGIC = b"GGUF"
@@ -251,6 +253,15 @@ def _tensor_info(cur: _Cursor, i: int, names: set[str]) -> tuple[str, tuple[int,
     nbytes = n_el // block * type_size
     offset = cur.scalar("Q", f"{field} offset")
     return name, tuple(dims), ttype, offset, nbytes
+
+
+def is_gguf(path: str) -> bool:
+    """Whether the file starts as a GGUF file does (the CLI tells models from plans by it)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror}") from None
 
 
 class GGUFFile:

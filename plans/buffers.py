@@ -9,25 +9,20 @@ arena is as large as the largest phase needs.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import networkx as nx
 
+from llmplan.core.formats import value_bytes
 from llmplan.ir.types import Type
-from llmplan.core.formats import ACTIVATION_FORMATS, planes
 
 ALIGN = 256  # bytes: every buffer starts on a 256-byte boundary (16-byte vector loads, cache lines)
-_SCALAR_BYTES = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
 
 
 def type_bytes(t: Type, dims: dict[str, int]) -> int:
-    """Bytes of a value of type t with its symbolic dimensions bound to their upper limits."""
-    shape = [d if isinstance(d, int) else dims[d] for d in t.shape]
-    if t.dtype in _SCALAR_BYTES:
-        return math.prod(shape) * _SCALAR_BYTES[t.dtype]
-    # packed activations are stored as field planes (core/formats.py), for the GPU kernels' loads
-    return planes(ACTIVATION_FORMATS[t.dtype.upper()], math.prod(shape[:-1]), shape[-1])[1]
+    """Bytes of a value of type t with its symbolic dimensions bound to their upper limits (packed
+    activations as field planes, core/formats.py, for the GPU kernels' loads)."""
+    return value_bytes(t.dtype, [d if isinstance(d, int) else dims[d] for d in t.shape])
 
 
 @dataclass(frozen=True)

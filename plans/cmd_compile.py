@@ -6,8 +6,6 @@ import argparse
 import os
 import time
 
-from llmplan.codegen.select import select
-from llmplan.codegen.targets import target_for
 from llmplan.models.model import open_model
 
 from .compile import DEFAULT_CHUNK, compile_model
@@ -34,18 +32,11 @@ def add_tune_dir(p: argparse.ArgumentParser) -> None:
                    "cache directory; 'off' keeps none)")
 
 
-def gpu_kernel_stage(phases, weights, device, store=None):
-    """codegen's part of `plan compile` for a GPU target: build every candidate, choose per launch
-    (measured members from the tune store where it has them)."""
-    return select(phases, weights, target_for(device.arch), device, store=store)
-
-
 def run(args: argparse.Namespace) -> int:
     out = args.output or os.path.splitext(args.model)[0] + ".plan"
     device = resolve_device(args.device)
     t0 = time.perf_counter()
     summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
-                            kernels=None if device.backend == "cpu" else gpu_kernel_stage,
                             tune=TuneStore.from_flag(args.tune_dir))
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:

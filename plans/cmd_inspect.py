@@ -5,17 +5,26 @@ how each weight is held at load and why, and the tuned decisions with their prov
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import sys
 from collections import Counter
 from typing import Any
 
 from llmplan.core.errors import InputError
+from llmplan.core.layouts import LAYOUTS
 from llmplan.core.numerics import PAGE, pages_for
 
 from .console import format_table, human_bytes, print_json
 from .planfile import read_body, read_header
+
+
+def runs_on(device: dict[str, Any]) -> str:
+    """Which runtime driver runs a plan for this device."""
+    if device["backend"] == "cpu":
+        return f"the cpu driver on {device['arch']} (NumPy kernels)"
+    return (f"the {device['backend']} driver on a {device['arch']} GPU, or the emulated GPU on any CPU "
+            "(plan run --device emu)")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="describe a plan file", description=__doc__)
@@ -26,9 +35,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _layouts(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per layout: the tensors held in it, their bytes, whether they are copies, and why."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, w in body["weights"].items():
+        for layout, info in w["layouts"].items():
+            d = out.setdefault(layout, {"tensors": [], "bytes": 0, "copies": LAYOUTS[layout].copies,
+                                        "why": LAYOUTS[layout].why})
+            d["tensors"].append(name)
+            d["bytes"] += info["bytes"]
+    return out
+
+
 def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
-    unpacked = sum(math.prod(w["shape"]) * 4 for w in body["weights"].values()
-                   if "gpu" not in body and ("matmul" in w["residency"] or "vector" in w["residency"]))
+    layouts = _layouts(body)
     phases = {}
     for name, p in body["phases"].items():
         phases[name] = {
@@ -45,17 +65,19 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
     block_bytes = cfg["n_layers"] * 2 * PAGE * cfg["n_kv_heads"] * cfg["head_dim"] * 2  # f16 K and V of every layer
     return {
         "format": header["format"], "llmplan": header["llmplan"], "device": header["device"],
+        "runs_on": runs_on(header["device"]),
         "toolchain": header["toolchain"], "model": header["model"], "limits": header["limits"],
         "arena_bytes": body["arena_bytes"],
         "kv_cache": {"blocks": lim["kv_blocks"], "block_tokens": PAGE, "block_bytes": block_bytes,
                      "bytes": lim["kv_blocks"] * block_bytes,
                      "full_context_sequences": lim["kv_blocks"] // pages_for(lim["ctx"])},
-        "kernels": body["kernels"] if "gpu" in body else [f"{f}/{m}" for f, m in body["kernels"]],
+        "kernels": sorted(body["kernels"]) if "gpu" in body else
+        sorted({f"{l['family']}/{l['member']}" for p in body["phases"].values() for l in p["launches"]}),
+        "cache": body["cache"],
         "phases": phases, "decisions": dict(decisions), "tuning": body.get("tune"), "pruned": dict(pruned),
-        "weights": {"count": len(body["weights"]), "unpacked_at_load_bytes": unpacked,
-                    "residency": {k: sorted(n for n, w in body["weights"].items() if k in w["residency"])
-                                  for k in body["residency_notes"]},
-                    "why": body["residency_notes"]},
+        "weights": {"count": len(body["weights"]), "layouts": layouts,
+                    "held_bytes": sum(d["bytes"] for d in layouts.values()),
+                    "copied_bytes": sum(d["bytes"] for d in layouts.values() if d["copies"])},
         "declines": {ph: d for ph, d in body["declines"].items()},
     }
 
@@ -86,7 +108,7 @@ def _manifest_table(manifests: dict[str, dict[str, Any]]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     header, offset = read_header(args.plan)
-    body = read_body(args.plan, offset)
+    body = read_body(args.plan, offset, header)
     gpu = body.get("gpu")
     if (args.kernels or args.source) and gpu is None:
         raise InputError(f"{args.plan} is a CPU plan: its kernels are the NumPy twins (runtime/cpu_kernels.py)")
@@ -107,6 +129,7 @@ def run(args: argparse.Namespace) -> int:
     m, d = s["model"], s["device"]
     print(f"{args.plan}: plan format {s['format']} (llmplan {s['llmplan']})")
     print(f"  device   {d['name']} [{d['key']}]")
+    print(f"  runs on  {s['runs_on']}")
     print(f"  model    {m['path']} ({m['arch']} \"{m['name']}\", {m['fingerprint']['file_size']} bytes, "
           f"metadata {m['fingerprint']['metadata_sha256'][:16]}, tensors {m['fingerprint']['tensors_sha256'][:16]})")
     lim = s["limits"]
@@ -132,14 +155,12 @@ def run(args: argparse.Namespace) -> int:
     for why, n in s["pruned"].items():
         print(f"  pruned   {n} launches: {why}")
     w = s["weights"]
-    if "gpu" in body:
-        print(f"  weights  {w['count']} tensors, by the layout their kernels read")
-    else:
-        print(f"  weights  {w['count']} tensors; the CPU backend unpacks {human_bytes(w['unpacked_at_load_bytes'])} "
-              f"at load")
-    for how, names in w["residency"].items():
-        if names:
-            print(f"    {how}: {len(names)} tensors: {w['why'][how]}")
+    where = "on the device" if "gpu" in body else "beyond the mapped file"
+    print(f"  weights  {w['count']} tensors, by the layout their kernels read; {human_bytes(w['copied_bytes'])} "
+          f"made at load, held {where}")
+    for how, d in w["layouts"].items():
+        print(f"    {how} (version {LAYOUTS[how].version}): {len(d['tensors'])} tensors, {human_bytes(d['bytes'])}: "
+              f"{d['why']}")
     n_declines = sum(len(v) for v in s["declines"].values())
     print(f"  declines {n_declines} (plan passes MODEL.gguf shows them)")
     return 0

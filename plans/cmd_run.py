@@ -1,7 +1,9 @@
 """`plan run OUT.plan -p TEXT`: generate text from a compiled plan (or from a GGUF, compiled for this
 machine on the fly and cached). `--prompts-file FILE` runs many prompts together, `--max-seqs` of them
 per batched step: one prompt per line, or JSON lines {"prompt": ..., and optionally "max_tokens",
-"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop"} overriding the flags."""
+"temperature", "top_k", "top_p", "min_p", "repetition_penalty", "seed", "stop"} overriding the flags.
+`--device emu` runs a GPU plan's own kernels on this machine's CPU (slow, exact to the kernels as
+written): `plan run G.plan --device emu`, or `plan run MODEL.gguf --device emu --target sm_90`."""
 
 from __future__ import annotations
 
@@ -15,11 +17,16 @@ from typing import Any
 import numpy as np
 
 from llmplan.core.errors import InputError
+from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
 
 from . import llama_cpp
+from .compile import plan_for
 from .console import print_json
+from .devices import OFFLINE_TARGETS, local_cpu
+
+EMU_DEFAULT_TARGET = "sm_90"
 
 _OVERRIDES = {f.name for f in fields(SamplingParams)}
 
@@ -41,6 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 1)")
     p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
+    p.add_argument("--device", help="cpu, or emu (a GPU plan's kernels emulated on this CPU); default: the plan's "
+                   "own backend")
+    p.add_argument("--target", help=f"with a GGUF and --device emu: the GPU target to compile for (default "
+                   f"{EMU_DEFAULT_TARGET}; {', '.join(OFFLINE_TARGETS)})")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
     p.add_argument("--dump-logits", metavar="FILE.npz", help="save the logits after the prompt as prompt_last")
@@ -95,8 +106,8 @@ def _as_json(r: Result) -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     if args.n < 0:
         raise InputError(f"-n must be >= 0, got {args.n}")
-    engine = Engine.load(args.plan, model_path=args.model, max_seqs=args.max_seqs, kv_blocks=args.kv_blocks,
-                         ctx=args.ctx)
+    engine = Engine.load(_plan(args), device=args.device, model_path=args.model, max_seqs=args.max_seqs,
+                         kv_blocks=args.kv_blocks)
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")
@@ -121,6 +132,22 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(_as_json(result) | ({"llama_cpp": theirs} if args.bench else {}))
     return 0
+
+
+def _plan(args: argparse.Namespace) -> str:
+    """The plan to run: the one given, or a GGUF's, compiled once for the device and cached."""
+    if args.target and not (args.device == "emu" and is_gguf(args.plan)):
+        raise InputError("--target takes a GGUF run on the emulated GPU (--device emu)")
+    if not is_gguf(args.plan):
+        return args.plan
+    if args.device not in (None, "cpu", "emu"):
+        raise InputError(f"--device {args.device}: compile the GGUF for it first "
+                         f"(plan compile ... --device {args.device})")
+    target = args.target or EMU_DEFAULT_TARGET
+    if args.device == "emu" and target not in OFFLINE_TARGETS:
+        raise InputError(f"--target {target}: not a GPU target ({', '.join(OFFLINE_TARGETS)})")
+    device = OFFLINE_TARGETS[target] if args.device == "emu" else local_cpu()
+    return plan_for(args.plan, args.ctx, args.max_seqs or 1, device)
 
 
 def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:

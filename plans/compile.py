@@ -5,43 +5,29 @@ from __future__ import annotations
 
 import os
 import platform
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from llmplan.codegen.build import cache_root
+from llmplan.codegen.targets import target_for
+from llmplan.core.errors import InputError
+from llmplan.core.layouts import LAYOUTS, layout_bytes
+from llmplan.core.numerics import PAGE, pages_for
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
-from llmplan.core.errors import InputError
 from llmplan.models.model import Model, open_model
-from llmplan.core.numerics import pages_for
 from llmplan.passes.manager import run_passes
 
 from . import cpu_tuning
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
 from .planfile import model_fingerprint, write_plan
+from .select import select
 from .tune_store import TuneStore
 
 DEFAULT_CTX = 4096
 DEFAULT_CHUNK = 256
-
-# What the CPU backend keeps resident for each way a weight is read, and why (plan inspect shows it).
-CPU_RESIDENCY = {
-    "matmul": ("f32", "dequantized to float32 at load: NumPy has no int8 GEMV, and float32 BLAS on exactly "
-                      "dequantized weights gives the integer block dot products' values (products exact, sums "
-                      "in float32)"),
-    "rows": ("mapped", "left quantized in the mapped file: only the rows of the step's tokens are dequantized"),
-    "vector": ("f32", "norm weights and rope factors, float32 in the file already"),
-}
-
-# How GPU kernels read each weight (the launch argument's "layout"); the runtime lays them out at load.
-GPU_RESIDENCY = {
-    "planar": "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
-              "so a lane's 16-byte load reads one field of consecutive blocks",
-    "plain": "as in the file: norm weights and rope factors",
-}
-
 
 def limits_for(model: Model, ctx: int | None, chunk: int, max_seqs: int) -> dict[str, int]:
     ctx = min(model.config.context_length, DEFAULT_CTX) if ctx is None else ctx
@@ -61,27 +47,26 @@ def _dims(phase: str, limits: dict[str, int]) -> dict[str, int]:
             "blocks": limits["kv_blocks"], "ctx": limits["ctx"]}
 
 
-def _residency(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
+def weight_layouts(phases: dict[str, dict[str, Any]], table: dict[str, tuple[str, tuple[int, ...]]]):
+    """Each weight's device layouts, as the kernels of every phase read it: {name: {layout: {version, bytes}}}."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
     for p in phases.values():
         for launch in p["launches"]:
-            for i, arg in enumerate(launch["args"]):
-                if "weight" not in arg:
-                    continue
-                if launch["op"] == "embed":
-                    how = "rows"
-                elif launch["family"] in ("matmul", "tail_argmax") and (launch["op"] != "tail_argmax" or i == 2):
-                    how = "matmul"
-                else:
-                    how = "vector"
-                out.setdefault(arg["weight"], {})[how] = CPU_RESIDENCY[how][0]
+            for k in launch["kernels"]:
+                for arg in k["args"]:
+                    if "weight" in arg:
+                        name, how = arg["weight"], arg["layout"]
+                        fmt, shape = table[name]
+                        out.setdefault(name, {})[how] = {"version": LAYOUTS[how].version,
+                                                         "bytes": layout_bytes(how, fmt, shape)}
     return out
 
 
-# The GPU kernel stage (codegen/select.py), passed in by the caller: plans/ must not import codegen/. It
-# takes the phases, the weight table, the device and the tune store it consults.
-KernelStage = Callable[[dict[str, dict[str, Any]], dict[str, tuple[str, tuple[int, ...]]], DeviceFacts, TuneStore],
-                       Any]
+def cache_descriptor(model: Model) -> dict[str, Any]:
+    """The paged K/V cache every cache argument names; `blocks` is how many the engine allocates."""
+    c = model.config
+    return {"dtype": "f16", "shape": [c.n_layers, 2, "blocks", PAGE, c.kv_dim], "page": PAGE,
+            "layout": "[layer, K or V, block, position in the block, kv_heads x head_dim features]"}
 
 
 def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
@@ -101,22 +86,18 @@ def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
 
 
 def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
-                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, kernels: KernelStage | None = None,
-                  tune: TuneStore | None = None) -> dict[str, Any]:
-    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. GPU targets
-    need `kernels`, the codegen stage that builds and chooses their kernels. Measured decisions come
-    from the tune store `tune` (none: the heuristics decide)."""
-    if device.backend != "cpu" and kernels is None:
-        raise InputError(f"--device {device.arch}: no kernel generator was given for {device.backend.upper()}")
+                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None) -> dict[str, Any]:
+    """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. Measured
+    decisions come from the tune store `tune` (none: the heuristics decide)."""
     limits = limits_for(model, ctx, chunk, max_seqs)
     store = tune or TuneStore(None)
     phases, texts, declines, table = lower_phases(model, device, limits)
     probed = 0
     if device.backend == "cpu":
         probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
-    gpu = _gpu_kernels(phases, table, device, kernels, store) if device.backend != "cpu" else None
+    gpu = _gpu_kernels(phases, table, device, store) if device.backend != "cpu" else None
     arena = max(p["arena_bytes"] for p in phases.values())
-    residency = _residency(phases) if gpu is None else gpu.pop("residency")
+    layouts = weight_layouts(phases, table)
     header = {
         "llmplan": "0.1.0",
         "device": device.to_dict(),
@@ -130,16 +111,15 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "ir": texts,
         "phases": phases,
         "arena_bytes": arena,
-        "weights": {name: {"format": fmt, "shape": list(shape), "residency": residency.get(name, {})}
+        "cache": cache_descriptor(model),
+        "weights": {name: {"format": fmt, "shape": list(shape), "layouts": layouts.get(name, {})}
                     for name, (fmt, shape) in table.items()},
-        "residency_notes": {k: v[1] for k, v in CPU_RESIDENCY.items()} if gpu is None else GPU_RESIDENCY,
         "declines": declines,
-        "kernels": sorted({(l["family"], l["member"]) for p in phases.values() for l in p["launches"]}),
+        "kernels": gpu.pop("kernels") if gpu else {},
         "tune": {"store": store.describe(), "device_key": device.tune_key, "decisions": tuned_decisions(phases)},
     }
     if gpu is not None:
         body["gpu"] = gpu
-        body["kernels"] = sorted(gpu["manifests"])
     size = write_plan(out, header, body)
     summary = {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
                "launches": {ph: sum(len(l.get("kernels", [0])) for l in p["launches"]) for ph, p in phases.items()},
@@ -168,11 +148,11 @@ def _tune_counts(decisions: dict[str, dict[str, Any]]) -> dict[str, int]:
     return {"decisions": len(kinds), **{k: kinds.count(k) for k in ("measured", "tie", "heuristic")}}
 
 
-def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, stage: KernelStage,
-                 store: TuneStore) -> dict[str, Any]:
-    """Build and choose the kernels of every launch; attach them to the launches; the plan's gpu section."""
-    built, chosen = stage(phases, table, device, store)
-    residency: dict[str, dict[str, str]] = {}
+def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, store: TuneStore) -> dict[str, Any]:
+    """Build and choose the kernels of every launch (plans/select.py: the tune store's measured members
+    where it has them); attach them to the launches; the plan's gpu section and its kernel table."""
+    built, chosen = select(phases, table, target_for(device.arch), device, store=store)
+    kernels: dict[str, dict[str, Any]] = {}
     for phase, choices in chosen.items():
         for launch, choice in zip(phases[phase]["launches"], choices):
             launch["member"], launch["provenance"] = choice.member, choice.provenance
@@ -181,24 +161,26 @@ def _gpu_kernels(phases: dict[str, dict[str, Any]], table, device: DeviceFacts, 
                 launch["decision"] = choice.decision
             launch["kernels"] = [{"name": ln.kernel.name, "grid": [list(g) if isinstance(g, tuple) else g
                                                                    for g in ln.grid],
-                                  "block": ln.kernel.block, "smem": ln.smem, "args": ln.args}
+                                  "block": ln.kernel.block, "smem": ln.smem, "args": [_plain(a) for a in ln.args]}
                                  for ln in choice.launches]
             for ln in choice.launches:
-                for arg in ln.args:
-                    if "weight" in arg:
-                        how = arg.get("layout", "plain")
-                        residency.setdefault(arg["weight"], {})[how] = how
+                kernels[ln.kernel.name] = {"params": list(ln.kernel.params), "block": ln.kernel.block}
         phases[phase] |= layout(phases[phase], phases[phase]["dims"])  # again, with the kernels' scratch
-    used = {k["name"] for p in phases.values() for l in p["launches"] for k in l["kernels"]}
     return {"target": built.target, "compiler": built.compiler, "source": built.source, "binary": built.binary,
             "ptx": built.ptx, "seconds": built.seconds, "cached": built.cached,
-            "manifests": {n: vars(m) for n, m in built.manifests.items() if n in used}, "residency": residency}
+            "manifests": {n: vars(m) for n, m in built.manifests.items() if n in kernels}, "kernels": kernels}
 
 
-def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1) -> str:
-    """The plan `plan run MODEL.gguf` uses: compiled for this machine once, then taken from the cache."""
+def _plain(arg: dict[str, Any]) -> dict[str, Any]:
+    """A family names a weight's layout where it is not the file's own bytes; the plan always names it."""
+    return arg | {"layout": "plain"} if "weight" in arg and "layout" not in arg else arg
+
+
+def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: DeviceFacts | None = None) -> str:
+    """The plan `plan run MODEL.gguf` uses: compiled once for `device` (default this machine's CPU; a GPU
+    target for the emulated GPU), then taken from the cache."""
     model = open_model(gguf)
-    device = local_cpu()
+    device = device or local_cpu()
     cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
     if not os.path.exists(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)

@@ -7,6 +7,12 @@ name a {"scratch": ...} buffer (codegen/kernel.py), placed in the arena here too
 dtype and a shape whose symbolic dimensions (rows, seqs, splits, ...) the runtime binds per step. A launch also
 lists the graph outputs that need it, so a greedy step can skip the logits path and an early prefill
 chunk the whole tail.
+
+The phase describes its step state (each input's dtype and shape), and in the decode phases the fused
+tail writes its greedy tokens into the `tokens` input itself ("fed_by"): the next step's embedding
+reads them where they are, so the host can queue step n+1 before it has read token n. Every launch
+carries the kernel calls a backend makes for it ("kernels"); on the CPU backend that is one call of the
+family's NumPy twin, on GPU targets the codegen stage fills them in (plans/select.py).
 """
 
 from __future__ import annotations
@@ -15,21 +21,45 @@ from typing import Any
 
 import networkx as nx
 
-from llmplan.ir.graph import Graph, Value
+from llmplan.core.op_traits import TRAITS
+from llmplan.ir.graph import Graph, Node, Value
 from llmplan.ir.types import Type
 
 from .buffers import Buffer, place, type_bytes
-from .catalog import choose
 from .devices import DeviceFacts
+
+PER_STEP_DIMS = ("rows", "seqs")  # bound each step by the step state; every other symbol is fixed at its bound
+
+
+class CatalogError(Exception):
+    """An op no kernel family implements (a planner bug: the passes produced something new)."""
+
+
+def family(node: Node) -> str:
+    fam = TRAITS[node.op].family if node.op in TRAITS else None
+    if fam is None:
+        raise CatalogError(f"no kernel family implements op {node.op!r}")
+    return fam
+
+
+def cpu_weight_layout(op: str) -> str:
+    """How the NumPy CPU backend reads a weight operand (core/layouts.py): the embedding table's rows
+    in the mapped file; everything else (projections, the tail's head, norm vectors) as float32."""
+    return "rows" if op == "embed" else "f32"
+
 
 def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> dict[str, Any]:
     """The launch list, buffers and layout of one phase; `dims` bounds every symbolic dimension."""
     ref: dict[Value, dict[str, Any]] = {}
+    state: dict[str, dict[str, Any]] = {}
     for n in g.order:
         if n.op == "input":
             ref[n.out] = {"cache": 1} if n.name == "cache" else {"state": n.name}
+            if n.name != "cache":
+                state[n.name] = {"dtype": n.types[0].dtype, "shape": list(n.types[0].shape)}
         elif n.op == "weight":
             ref[n.out] = {"weight": n.name}
+    fed = _fed_token(g)
     buffers: list[dict[str, Any]] = []
     launches: list[dict[str, Any]] = []
     nodes = [n for n in g.order if n.op not in ("input", "weight")]
@@ -37,16 +67,24 @@ def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> dict[str, Any]
         outs = []
         for k, t in enumerate(n.types):
             v = Value(n.id, k)
-            if n.op in ("kv_store", "rope_kv", "norm_rope_kv") and t.rank == 5:
+            if TRAITS[n.op].updates is not None and t.rank == 5:
                 ref[v] = {"cache": 1}  # the K/V planes are updated in place
+            elif v == fed:
+                ref[v] = {"state": "tokens"}
+                state["tokens"]["fed_by"] = "next_token"
             else:
                 ref[v] = {"buf": len(buffers)}
                 buffers.append({"dtype": t.dtype, "shape": list(t.shape)})
             outs.append(ref[v])
-        choice = choose(n, device)
-        launches.append({"op": n.op, "family": choice.family, "member": choice.member,
-                         "attrs": dict(n.attrs), "args": [ref[o] for o in n.operands], "outs": outs,
-                         "provenance": choice.provenance})
+        fam = family(n)
+        args = [ref[o] for o in n.operands]
+        launch = {"op": n.op, "family": fam, "attrs": dict(n.attrs), "args": args, "outs": outs}
+        if device.backend == "cpu":
+            calls = [{"weight": a["weight"], "layout": cpu_weight_layout(n.op)} if "weight" in a else a for a in args]
+            launch |= {"member": "numpy", "provenance": "cpu backend: the family's NumPy twin is its only member",
+                       "kernels": [{"name": f"numpy.{fam}", "grid": [], "block": 1, "smem": 0,
+                                    "args": outs + calls}]}
+        launches.append(launch)
     outputs = {name: ref[v] for name, v in g.outputs}
     # which outputs each launch serves: the outputs downstream of it
     node_index = {n.id: i for i, n in enumerate(nodes)}
@@ -56,8 +94,17 @@ def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> dict[str, Any]
         for a in nx.ancestors(g.nx, v.node) | {v.node}:
             if a in node_index:
                 launches[node_index[a]].setdefault("serves", []).append(name)
-    phase = {"launches": launches, "buffers": buffers, "outputs": outputs}
+    phase = {"launches": launches, "buffers": buffers, "outputs": outputs, "state": state,
+             "per_step": [d for d in PER_STEP_DIMS if d in dims]}
     return phase | layout(phase, dims)
+
+
+def _fed_token(g: Graph) -> Value | None:
+    """The graph's next_token output when it has a row per tokens input row (the decode phases: one
+    row per sequence), else None (prefill: one token per sequence from a chunk of rows)."""
+    out = dict(g.outputs).get("next_token")
+    tokens = next(n for n in g.order if n.op == "input" and n.name == "tokens")
+    return out if out is not None and g.type_of(out).shape == tokens.types[0].shape else None
 
 
 def layout(phase: dict[str, Any], dims: dict[str, int]) -> dict[str, int]:

@@ -19,8 +19,10 @@ import msgpack
 from llmplan.core.errors import InputError
 from llmplan.models.gguf import GGUFFile
 
+from .plan_schema import SchemaError, check_body
+
 MAGIC = b"LLMPLAN\0"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: self-describing bodies (step state, cache, kernel parameters, weight layouts)
 MAX_HEADER_BYTES = 1 << 20
 MAX_BODY_BYTES = 1 << 31
 _DIGEST = 32
@@ -67,7 +69,7 @@ def write_plan(path: str | os.PathLike, header: dict[str, Any], body: dict[str, 
     return len(data)
 
 
-def _recompile(header: dict[str, Any] | None, device: str | None = None) -> str:
+def recompile_hint(header: dict[str, Any] | None, device: str | None = None) -> str:
     model = (header or {}).get("model", {}).get("path", "MODEL.gguf")
     dev = device or (header or {}).get("device", {}).get("backend", "cpu")
     return f"recompile with: plan compile {model} --device {dev}"
@@ -85,52 +87,56 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
         if version != FORMAT_VERSION:
             newer = "a newer" if version > FORMAT_VERSION else "an older"
             raise PlanError(f"{path}: plan format {version} was written by {newer} llmplan; this one reads format "
-                            f"{FORMAT_VERSION}: {_recompile(None)}")
+                            f"{FORMAT_VERSION}: {recompile_hint(None)}")
         if hlen > MAX_HEADER_BYTES or 16 + hlen + _DIGEST > size:
-            raise PlanError(f"{path}: the plan is truncated or its header length ({hlen}) is corrupt: {_recompile(None)}")
+            raise PlanError(f"{path}: the plan is truncated or its header length ({hlen}) is corrupt: {recompile_hint(None)}")
         h = f.read(hlen)
         if hashlib.sha256(h).digest() != f.read(_DIGEST):
-            raise PlanError(f"{path}: the plan's header is corrupt (checksum mismatch): {_recompile(None)}")
+            raise PlanError(f"{path}: the plan's header is corrupt (checksum mismatch): {recompile_hint(None)}")
     header = _unpack(h, "header", path)
     if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
-        raise PlanError(f"{path}: the plan's header is malformed: {_recompile(None)}")
+        raise PlanError(f"{path}: the plan's header is malformed: {recompile_hint(None)}")
     return header, 16 + hlen + _DIGEST
 
 
-def check_header(path: str, header: dict[str, Any], device_key: str, model: GGUFFile | None) -> None:
+def check_header(path: str, header: dict[str, Any], device_key: str | None, model: GGUFFile | None) -> None:
+    """Refuse a plan for another device (unless `device_key` is None: the emulated GPU runs any GPU plan)
+    or from another model file."""
     want = header.get("device", {}).get("key")
-    if want != device_key:
+    if device_key is not None and want != device_key:
         arch = header.get("device", {}).get("arch", want)
         here = device_key.split(":")[0]
         raise PlanError(f"{path}: compiled for {arch} ({want}), this device is {device_key}: "
-                        f"{_recompile(header, here)}")
+                        f"{recompile_hint(header, here)}")
     if model is not None and header.get("model", {}).get("fingerprint") != model_fingerprint(model):
         raise PlanError(f"{path}: compiled from another model file than {model.path} (size or hashes differ): "
-                        f"{_recompile(header, header['device'].get('backend'))}")
+                        f"{recompile_hint(header, header['device'].get('backend'))}")
 
 
-def read_body(path: str | os.PathLike, offset: int) -> dict[str, Any]:
+def read_body(path: str | os.PathLike, offset: int, header: dict[str, Any] | None = None) -> dict[str, Any]:
     path = os.fspath(path)
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         f.seek(offset)
         raw = f.read(8)
         if len(raw) < 8:
-            raise PlanError(f"{path}: the plan is truncated: {_recompile(None)}")
+            raise PlanError(f"{path}: the plan is truncated: {recompile_hint(None)}")
         (blen,) = struct.unpack("<Q", raw)
         if blen > MAX_BODY_BYTES or offset + 8 + blen + _DIGEST != size:
-            raise PlanError(f"{path}: the plan is truncated or has trailing bytes: {_recompile(None)}")
+            raise PlanError(f"{path}: the plan is truncated or has trailing bytes: {recompile_hint(None)}")
         b = f.read(blen)
         if hashlib.sha256(b).digest() != f.read(_DIGEST):
-            raise PlanError(f"{path}: the plan's body is corrupt (checksum mismatch): {_recompile(None)}")
+            raise PlanError(f"{path}: the plan's body is corrupt (checksum mismatch): {recompile_hint(None)}")
     body = _unpack(b, "body", path)
-    if not isinstance(body, dict):
-        raise PlanError(f"{path}: the plan's body is malformed: {_recompile(None)}")
+    try:
+        check_body(body)
+    except SchemaError as e:
+        raise PlanError(f"{path}: the plan's body is inconsistent: {e}: {recompile_hint(header)}") from None
     return body
 
 
-def read_plan(path: str | os.PathLike, device_key: str, model: GGUFFile | None = None) -> tuple[dict, dict]:
+def read_plan(path: str | os.PathLike, device_key: str | None, model: GGUFFile | None = None) -> tuple[dict, dict]:
     """Header and body of a plan usable on `device_key` (and compiled from `model`, when given)."""
     header, offset = read_header(path)
     check_header(os.fspath(path), header, device_key, model)
-    return header, read_body(path, offset)
+    return header, read_body(path, offset, header)

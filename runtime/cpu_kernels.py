@@ -1,6 +1,6 @@
 """The CPU backend's kernels: one NumPy function per kernel family, with the interface its GPU twin has.
 
-A kernel is called as kernel(op, attrs, outputs, *inputs), `op` naming the variant of the family;
+A kernel is called as kernel(op, attrs, outputs, *inputs), `op` naming the family's variant;
 it reads its inputs and writes its outputs in place: arena views (f32 rows, 8-bit activation
 blocks as field planes, i32 tokens), the paged f16 K/V planes [layers, 2, blocks, PAGE, kv features],
 step state, and weights as the plan's residency says (float32 matrices for projections, mapped
@@ -77,16 +77,12 @@ def embed(op, a, out, table: MappedRows, tokens):
     out[0][...] = table.rows(tokens)
 
 
-def rmsnorm(op, a, out, x, w):
-    out[0][...] = num.rmsnorm(x, w, a["eps"])
-
-
-def rmsnorm_pack(op, a, out, x, w):
-    _store(out[0], num.rmsnorm(x, w, a["eps"]), a["format"])
-
-
-def pack(op, a, out, x):
-    _store(out[0], x, a["format"])
+def norm(op, a, out, x, w=None):
+    """rmsnorm, rmsnorm_pack, and pack (no weight)."""
+    if op == "rmsnorm":
+        out[0][...] = num.rmsnorm(x, w, a["eps"])
+    else:
+        _store(out[0], x if op == "pack" else num.rmsnorm(x, w, a["eps"]), a["format"])
 
 
 def _strategy(a) -> dict[str, int]:
@@ -128,15 +124,14 @@ def attention(op, a, out, q, cache, seq, pages, pos):
     out[0][...] = num.attention(q, cache, seq, pages, pos, *(a[k] for k in _ATTN))
 
 
-def attention_partial(op, a, out, q, cache, seq, pages, pos):
-    """Split-context attention, first kernel: out[0] is [rows, heads, splits, d + 2] = (exp-weighted V
-    sum, max score, exp sum) per slice of `chunk` positions."""
-    out[0][...] = num.attention_partials(q, cache, seq, pages, pos, *(a[k] for k in _ATTN), a["chunk"])
-
-
-def attention_reduce(op, a, out, part):
-    """attention_reduce and attention_reduce_pack: combine the slices (and pack them)."""
-    _store(out[0], num.reduce_partials(part), a.get("format", "f32"))
+def attention_decode(op, a, out, *args):
+    """Split-context attention. attention_partial(q, cache, seq, pages, pos): out[0] is [rows, heads,
+    splits, d + 2] = (exp-weighted V sum, max score, exp sum) per slice of `chunk` positions.
+    attention_reduce[_pack](partials): combine the slices (and pack them)."""
+    if op == "attention_partial":
+        out[0][...] = num.attention_partials(*args, *(a[k] for k in _ATTN), a["chunk"])
+    else:
+        _store(out[0], num.reduce_partials(args[0]), a.get("format", "f32"))
 
 
 def glu_pack(op, a, out, gate, up):
@@ -144,7 +139,10 @@ def glu_pack(op, a, out, gate, up):
 
 
 def elementwise(op, a, out, x, y=None):
-    if op == "add":
+    """add, mul, scale, softcap, silu, gelu_tanh; and take_rows (y: the row indices)."""
+    if op == "take_rows":
+        take_rows(out, x, y)
+    elif op == "add":
         out[0][...] = x + y
     elif op == "mul":
         out[0][...] = x * y
@@ -156,7 +154,7 @@ def elementwise(op, a, out, x, y=None):
         out[0][...] = num.ACTIVATIONS[op](x)
 
 
-def take_rows(op, a, out, x, rows):
+def take_rows(out, x, rows):
     if isinstance(x, Packed):
         for name, plane in x.planes.items():
             out[0][name][...] = plane[rows]
@@ -164,15 +162,14 @@ def take_rows(op, a, out, x, rows):
         out[0][...] = x[rows]
 
 
-def tail_argmax(op, a, out, x, norm, head):
+def tail_argmax(op, a, out, x, norm_w, head):
     """Final norm, packing, output head and argmax: one int32 per row leaves the kernel."""
-    xv = num.packed_values(num.rmsnorm(x, norm, a["eps"]), a["format"])
+    xv = num.packed_values(num.rmsnorm(x, norm_w, a["eps"]), a["format"])
     out[0][...] = np.argmax(num.matmul(xv, head, **_strategy(a)), axis=-1)
 
 
+# kernel family (core/op_traits.py) -> its NumPy twin
 KERNELS: dict[str, Callable[..., Any]] = {
-    "embed_rows": embed, "rmsnorm": rmsnorm, "rmsnorm_pack": rmsnorm_pack, "pack": pack, "matmul": matmul,
-    "rope_kv": rope_kv, "attention": attention, "attention_partial": attention_partial,
-    "attention_reduce": attention_reduce, "glu_pack": glu_pack, "elementwise": elementwise,
-    "take_rows": take_rows, "tail_argmax": tail_argmax,
+    "embed": embed, "norm": norm, "matmul": matmul, "rope_kv": rope_kv, "attention_prefill": attention,
+    "attention_decode": attention_decode, "glu": glu_pack, "elementwise": elementwise, "tail": tail_argmax,
 }

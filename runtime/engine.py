@@ -7,7 +7,16 @@ then picks each finished row's next token: the fused tail's argmax when the requ
 nothing reshapes its logits, else its own sampler on the logits row. Text streams out as it is
 detokenized, held back only as long as it might still become a stop string.
 
-    engine = Engine.load("m.plan")                      # or a GGUF: compiled for this machine, cached
+The backend comes from the plan (a CPU plan runs on the cpu driver, a GPU plan on its GPU's) or from
+`device` ("emu": a GPU plan's own kernels on the host); runtime/executor.py drives it.
+
+Pipelined decode (the drivers whose launches overlap the host, or `pipelined=True`): when every
+running sequence is greedy and decoding, the step after next is queued before this step's tokens
+are read: the fused tail writes each token into the slot the next step's embedding reads, and the
+host learns it one step later. A sequence that stops at a token it learns late has had one more row
+computed, which is discarded; the tokens are those of the unpipelined engine.
+
+    engine = Engine.load("m.plan")
     for ev in engine.generate(["Once upon a time", Request("The capital of France is", max_tokens=8)]):
         print(ev.index, repr(ev.text), ev.finish_reason or "")
 """
@@ -23,20 +32,21 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from llmplan.core.errors import InputError
-from llmplan.models.gguf import GGUFFile
 from llmplan.core.numerics import PAGE, pages_for
+from llmplan.models.gguf import GGUFFile, is_gguf
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.plans.devices import local_cpu
-from llmplan.plans.planfile import read_header, read_plan
+from llmplan.plans.planfile import read_header, read_plan, recompile_hint
 
-from .cpu_backend import CpuExecutor
-from .cpu_weights import CpuWeights
+from .driver import driver_for
+from .executor import Executor, PendingStep
 from .kv_blocks import BlockPool
 from .requests import Event, Request, RequestError, Result, SamplingParams, StopText
 from .sampler import Sampler
 from .scheduler import Scheduler, Sequence, Step
 
 RECORDS_KEPT = 10_000
+PLACEHOLDER = -1  # a sequence's last token while it is still on the device (pipelined decode)
 
 
 @dataclass
@@ -53,13 +63,23 @@ class _Run:
     first: float = 0.0
 
 
+@dataclass
+class _Queued:
+    """A pipelined decode step on its way: its sequences (row order) and its outputs' copies."""
+
+    seqs: list[Sequence]
+    pending: PendingStep
+
+
 class Engine:
-    def __init__(self, plan_path: str, header: dict, body: dict, model: GGUFFile, weights: CpuWeights,
-                 load_seconds: float, max_seqs: int, kv_blocks: int):
+    def __init__(self, plan_path: str, header: dict, body: dict, model: GGUFFile, executor: Executor,
+                 load_seconds: float, max_seqs: int, kv_blocks: int, pipelined: bool):
         self.plan_path, self.header, self.body, self.model = plan_path, header, body, model
         self.limits = header["limits"]
-        self.weights = weights
-        self.executor = CpuExecutor(body, kv_blocks, weights)
+        self.executor = executor
+        self.device = executor.driver.name
+        self.pipelined = pipelined
+        self._queued: _Queued | None = None
         self.tokenizer: Tokenizer = load_tokenizer(model)
         self.load_seconds = load_seconds
         self.pages_per_seq = body["phases"]["decode"]["dims"]["pages"]  # the page table rows the plan takes
@@ -70,27 +90,37 @@ class Engine:
         self._events: list[Event] = []
         self._next_id = 0
         self._steps = 0
+        self._notes = 0  # executor notes already put in a record
 
     @classmethod
-    def load(cls, plan: str | os.PathLike, device: str = "cpu", model_path: str | None = None,
-             max_seqs: int | None = None, kv_blocks: int | None = None, ctx: int | None = None) -> Engine:
-        """An engine for a plan file, or for a GGUF (compiled for this machine with `ctx` and cached).
-        `max_seqs` (at most the plan's) bounds the sequences of a batched step; `kv_blocks` sizes the
-        K/V pool (default: the plan's, enough for max_seqs sequences of the full context)."""
-        if device != "cpu":
-            raise InputError(f"device {device!r}: this runtime runs plans on the cpu backend only so far")
+    def load(cls, plan: str | os.PathLike, device: str | None = None, model_path: str | None = None,
+             max_seqs: int | None = None, kv_blocks: int | None = None, pipelined: bool | None = None,
+             replay: bool = True, poison: bool = False) -> Engine:
+        """An engine for a plan file on `device` (default: the plan's own backend; "emu" runs a GPU
+        plan's kernels on the host). `max_seqs` (at most the plan's) bounds the sequences of a batched
+        step; `kv_blocks` sizes the K/V pool (default: the plan's, enough for max_seqs sequences of the
+        full context). `pipelined` (default: where the driver overlaps the host) queues greedy decode
+        steps ahead; `replay` records decode buckets for replay where the driver has graphs; `poison`
+        checks that every kernel writes all it should (slow: tests)."""
         t0 = time.perf_counter()
         plan = os.fspath(plan)
-        if _is_gguf(plan):
-            from llmplan.plans.compile import plan_for  # plans/ traces the model; the runtime reads plans only
-
-            plan = plan_for(plan, ctx, max_seqs or 1)
+        if is_gguf(plan):
+            raise InputError(f"{plan} is a GGUF model, not a plan: compile it first (plan compile {plan} -o M.plan, or "
+                             "llmplan.plans.compile.plan_for), or give it to plan run, which compiles on the fly")
         header, _ = read_header(plan)
+        backend = header.get("device", {}).get("backend", "cpu")
+        device = device or backend
+        if device == "emu" and backend == "cpu":
+            raise InputError(f"{plan} is a CPU plan: the emulated GPU runs GPU plans (plan compile ... --device sm_90)")
+        if device not in ("emu", backend):
+            raise InputError(f"{plan} was compiled for {backend} ({header['device'].get('arch')}), not {device}: "
+                             f"run it on {backend}, or recompile with plan compile ... --device {device}")
         path = model_path or header.get("model", {}).get("path", "")
         if not os.path.exists(path):
             raise InputError(f"{plan}: the model it was compiled from, {path}, is not there: pass --model PATH")
         model = GGUFFile(path)
-        header, body = read_plan(plan, local_cpu().key, model)
+        key = local_cpu().key if device == "cpu" else None  # the GPU drivers check their device at load
+        header, body = read_plan(plan, key, model)
         limits = header["limits"]
         max_seqs = limits["max_seqs"] if max_seqs is None else max_seqs
         if not 1 <= max_seqs <= limits["max_seqs"]:
@@ -99,8 +129,15 @@ class Engine:
         kv_blocks = limits["kv_blocks"] if kv_blocks is None else kv_blocks
         if kv_blocks < 2:
             raise InputError(f"kv_blocks must be at least 2 (one block and one of headroom), got {kv_blocks}")
-        weights = CpuWeights(model, {n: w["residency"] for n, w in body["weights"].items() if w["residency"]})
-        return cls(plan, header, body, model, weights, time.perf_counter() - t0, max_seqs, kv_blocks)
+        try:
+            driver = driver_for(device)
+        except InputError as e:
+            dev = header["device"]
+            raise InputError(f"{plan}: compiled for {dev['arch']} ({dev['key']}): {e}; run it on the emulated GPU "
+                             f"(--device emu), or {recompile_hint(header, 'cpu')}") from None
+        executor = Executor(header, body, driver, model, kv_blocks, poison=poison, replay=replay)
+        pipelined = driver.overlaps if pipelined is None else pipelined
+        return cls(plan, header, body, model, executor, time.perf_counter() - t0, max_seqs, kv_blocks, pipelined)
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -196,6 +233,9 @@ class Engine:
         """Compute one step; returns the events it produced (tokens, finishes)."""
         t0 = time.perf_counter()
         events, self._events = self._events, []
+        kernel_s = 0.0
+        if self._queued is not None and not self._can_pipeline():
+            kernel_s += self._consume()
         plan = self.scheduler.schedule()
         for seq, why in plan.refused:
             seq.state.result.error = why
@@ -203,7 +243,6 @@ class Engine:
         for sid in plan.admitted:
             run = self._seqs[sid].state
             run.admitted = run.admitted or time.perf_counter()
-        kernel_s = 0.0
         if plan.prefill:
             kernel_s += self._prefill(plan)
         if plan.decode:
@@ -211,10 +250,15 @@ class Engine:
         events += self._events
         self._events = []
         wall = time.perf_counter() - t0
-        self.records.append({"step": self._steps, "admitted": plan.admitted, "preempted": plan.preempted,
-                             "prefill_rows": sum(n for _, n in plan.prefill), "prefill_seqs": len(plan.prefill),
-                             "decode_rows": len(plan.decode), "free_blocks": self.pool.free_blocks,
-                             "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6)})
+        record = {"step": self._steps, "admitted": plan.admitted, "preempted": plan.preempted,
+                  "prefill_rows": sum(n for _, n in plan.prefill), "prefill_seqs": len(plan.prefill),
+                  "decode_rows": len(plan.decode), "free_blocks": self.pool.free_blocks,
+                  "pipelined": self._queued is not None,
+                  "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6)}
+        if len(self.executor.notes) > self._notes:  # said once: e.g. a decode bucket that runs directly
+            record["notes"] = self.executor.notes[self._notes:]
+            self._notes = len(self.executor.notes)
+        self.records.append(record)
         self._steps += 1
         return events
 
@@ -252,18 +296,76 @@ class Engine:
                 self._next(s, out[head][j], head)
         return seconds
 
+    def _decode_state(self, seqs: list[Sequence], fed: bool) -> dict[str, np.ndarray]:
+        """The decode step state; `fed`: the tokens are already in the device slot (the last step's)."""
+        state = {"pos": np.array([s.computed for s in seqs], np.int32),
+                 "seq": np.arange(len(seqs), dtype=np.int32), "pages": self._table(seqs)}
+        if not fed:
+            state["tokens"] = np.array([s.tokens[-1] for s in seqs], np.int32)
+        return state
+
     def _decode(self, plan: Step) -> float:
         seqs = plan.decode
-        state = {"tokens": np.array([s.tokens[-1] for s in seqs], np.int32),
-                 "pos": np.array([s.computed for s in seqs], np.int32),
-                 "seq": np.arange(len(seqs), dtype=np.int32), "pages": self._table(seqs)}
         head = self._head(seqs)
+        phase = "decode" if len(seqs) == 1 else "decode-batch"
+        if self.pipelined and head == "next_token" and not plan.prefill:
+            return self._decode_ahead(phase, seqs)
         t0 = time.perf_counter()
-        out = self.executor.run("decode" if len(seqs) == 1 else "decode-batch", state, {"cache", head})
+        out = self.executor.run(phase, self._decode_state(seqs, fed=False), {"cache", head})
         seconds = time.perf_counter() - t0
         for j, s in enumerate(seqs):
             self.scheduler.done(s, 1)
             self._next(s, out[head][j], head)
+        return seconds
+
+    # --- pipelined decode ---------------------------------------------------------------------
+
+    def _can_pipeline(self) -> bool:
+        """Whether the next schedule() is exactly the queued step's sequences decoding again, in the
+        same order, with nothing to admit, nobody at its limit and no preemption: then its tokens can
+        stay on the device."""
+        q, sch = self._queued, self.scheduler
+        if sch.waiting or sch.running != q.seqs:
+            return False
+        new_blocks = 0
+        for s in q.seqs:
+            if len(s.tokens) >= s.limit:
+                return False
+            new_blocks += -(-(s.computed + 1) // self.pool.page) > len(s.blocks)
+        return new_blocks <= self.pool.free_blocks
+
+    def _decode_ahead(self, phase: str, seqs: list[Sequence]) -> float:
+        """Queue this decode step; then learn the tokens of the one queued before it."""
+        fed = self._queued is not None
+        if fed and seqs != self._queued.seqs:
+            raise AssertionError("a pipelined step must decode the queued step's sequences")  # _can_pipeline's job
+        t0 = time.perf_counter()
+        pending = self.executor.queue(phase, self._decode_state(seqs, fed), {"cache", "next_token"})
+        seconds = time.perf_counter() - t0
+        for s in seqs:
+            self.scheduler.done(s, 1, known=len(s.tokens) - (s.tokens[-1] == PLACEHOLDER))
+        if fed:
+            seconds += self._consume()
+        self._queued = _Queued(list(seqs), pending)
+        for s in seqs:
+            if s.id in self._seqs:
+                s.tokens.append(PLACEHOLDER)
+        return seconds
+
+    def _consume(self) -> float:
+        """The queued step's tokens: each live sequence's placeholder becomes its token (a sequence that
+        finished meanwhile had a speculative row: dropped)."""
+        q, self._queued = self._queued, None
+        t0 = time.perf_counter()
+        tokens = q.pending.result()["next_token"]
+        seconds = time.perf_counter() - t0
+        for j, s in enumerate(q.seqs):
+            if s.id not in self._seqs:
+                continue
+            s.tokens.pop()  # the placeholder
+            self._next(s, tokens[j], "next_token")
+            if s.id in self._seqs:
+                self.scheduler.publish(s, len(s.tokens))
         return seconds
 
     def _next(self, seq: Sequence, row: np.ndarray, head: str) -> None:
@@ -310,10 +412,3 @@ class Engine:
                 "prefill_tok_s": round((n_prompt - seq.cached_tokens) / max(prefill_s, 1e-9), 2),
                 "decode_tok_s": round(max(n - 1, 0) / max(decode_s, 1e-9), 2)}
 
-
-def _is_gguf(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError as e:
-        raise InputError(f"{path}: {e.strerror}") from None

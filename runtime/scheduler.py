@@ -87,10 +87,16 @@ class Scheduler:
                 step.decode.append(seq)
         return step
 
-    def done(self, seq: Sequence, rows: int) -> None:
-        """A step computed `rows` more of seq's tokens: name the blocks that became full."""
+    def done(self, seq: Sequence, rows: int, known: int | None = None) -> None:
+        """A step computed (or queued) `rows` more of seq's tokens; name the blocks that became full.
+        `known`: how many of seq's tokens are known yet (a pipelined step's input may still be on the
+        device); only blocks of known tokens are named, the rest by a later publish()."""
         seq.computed += rows
-        full = seq.computed // self.pool.page
+        self.publish(seq, len(seq.tokens) if known is None else known)
+
+    def publish(self, seq: Sequence, known: int) -> None:
+        """Name seq's full blocks among its first min(computed, known) positions, for sharing."""
+        full = min(seq.computed, known) // self.pool.page
         if full > seq.published:
             for i, h in enumerate(block_hashes(seq.tokens[:full * self.pool.page], self.pool.page)[seq.published:],
                                   seq.published):

@@ -57,11 +57,9 @@ class CudaRunner:
         self.functions = {name: self.module.get_function(name) for name in self.kernels}
 
     def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
-        from kernel_emu import _params
-
         cp = self.cupy
         k = launch.kernel
-        types = _params(k)
+        types = k.params
         assert len(types) == len(launch.args), f"{k.name}: {len(types)} parameters, {len(launch.args)} arguments"
         device: dict[tuple[int, int], tuple[np.ndarray, Any]] = {}
         args = []

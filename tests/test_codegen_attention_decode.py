@@ -165,7 +165,7 @@ def test_partial_matches_twin(emulators, wave, case):
     emulators(wave).launch(l, bind, {"rows": rows, "splits": splits, "pages": npages, "blocks": blocks})
 
     want = np.zeros_like(part)
-    ck.attention_partial("attention_partial", attrs, [want], q, cache, seq, pages, pos)
+    ck.attention_decode("attention_partial", attrs, [want], q, cache, seq, pages, pos)
     assert np.isfinite(want[..., :d]).all(), "the twin reads only the readable cells"
     assert not np.isnan(part).any(), "every slice written"
     used = np.isfinite(want[..., d])
@@ -209,7 +209,7 @@ def test_reduce_matches_twin(emulators, wave, fmt):
         out = np.full((rows, heads * d), 0xFFFF if fmt == "bf16" else np.nan, dtype)
         emulators(wave).launch(l, lambda ref: part if ref["buf"] == 0 else out, symbols)
         want = np.zeros_like(out)
-        ck.attention_reduce(op, {"format": fmt} if fmt != "f32" else {}, [want], part)
+        ck.attention_decode(op, {"format": fmt} if fmt != "f32" else {}, [want], part)
         got_f = ck._values(out)
         assert not np.isnan(got_f).any()
         assert nmse(got_f, ck._values(want)) < 1e-7
@@ -224,7 +224,7 @@ def test_reduce_matches_twin(emulators, wave, fmt):
     for name, plane in runs[0][1].planes.items():  # (the padding between planes is nobody's)
         assert np.array_equal(plane, runs[1][1][name]), name
     _, want = packed_buffer(fmt, rows, heads * d)
-    ck.attention_reduce(op, {"format": fmt}, [want], part)
+    ck.attention_decode(op, {"format": fmt}, [want], part)
     got = runs[0][1]
     # the packing is exact; its input may differ from the twin's by an ulp (the order of the sums)
     assert np.mean(got["qs"] == want["qs"]) > 0.999

@@ -138,7 +138,7 @@ def test_rope_table_matches_numerics(mode, base, dims, head, factors):
     rng = np.random.default_rng(dims)
     positions, heads, rows = 1 << 17, 4, 64
     f = llama31_rope_factors(head, base) if factors else None
-    table = rope_kv.rope_table(positions, dims, base, 1.0, f)
+    table = num.rope_table(positions, dims, base, 1.0, f)
     assert table.shape == (positions, dims // 2, 2) and table.dtype == np.float32
     x = (rng.standard_normal((rows, heads * head)) * 3).astype(np.float32)
     pos = np.concatenate([[0, 1, positions - 1], rng.integers(0, positions, rows - 3)]).astype(np.int32)
@@ -171,7 +171,7 @@ def _bind(arrays, cache=None, weights=None, ctx_len=0):
             return weights[ref["weight"]]
         t = ref["rope_table"]
         f = None if t["factors"] is None else weights[t["factors"]]
-        return rope_kv.rope_table(ctx_len, t["dims"], t["base"], t["scale"], f)
+        return num.rope_table(ctx_len, t["dims"], t["base"], t["scale"], f)
     return bind
 
 
@@ -216,7 +216,7 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     assert not np.isnan(q_out).any()
     assert nmse(q_out, want_q) < 1e-13  # exact-arithmetic class (< 1e-7)
     # the device is rope_f32 on the table, bit for bit (the host emulation rounds as the GPUs do)
-    table = rope_kv.rope_table(ctx_len, dims, 10000.0, 1.0, twin_extra[0] if extra and op == "rope_kv" else None)
+    table = num.rope_table(ctx_len, dims, 10000.0, 1.0, twin_extra[0] if extra and op == "rope_kv" else None)
     qn = num.rmsnorm(q, weights["qn"], 1e-6) if op == "norm_rope_kv" else q
     assert np.array_equal(q_out, rope_kv.rope_f32(qn, pos, heads, dims, mode, table))
     # K rows: the f16 of a float32 value within an ulp or two of the twin's; V rows exact; the rest untouched
@@ -319,5 +319,5 @@ def test_take_rows_matches_twin(emulators, wave, dtype, k):
     out = np.zeros((len(last), k), np_dtype)
     emulators(wave).launch(l, _bind({0: x, 1: out, "last": last}), {"rows": 9, "seqs": len(last)})
     want = np.empty_like(out)
-    ck.take_rows("take_rows", {}, [want], x, last)
+    ck.elementwise("take_rows", {}, [want], x, last)
     assert np.array_equal(out, want)

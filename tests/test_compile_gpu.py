@@ -6,17 +6,18 @@ manifests and sources. Generated sources for tiny-llama3-bpe are compared with g
 import dataclasses
 import json
 import re
+from pathlib import Path
 
 import pytest
 
 from conftest import TINY_BPE, TINY_SPM, require_compiler
-from llmplan.codegen import select
+from llmplan.codegen import families
+from llmplan.plans import select
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.models.model import open_model
-from llmplan.plans.catalog import FAMILY_OF_OP
-from llmplan.plans.cmd_compile import gpu_kernel_stage
+from llmplan.core.op_traits import FAMILIES
 from llmplan.plans.compile import compile_model, limits_for, lower_phases
 from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.plans.planfile import read_body, read_header
@@ -42,7 +43,7 @@ def compiled(kernel_cache, tmp_path_factory):
         require_compiler(TARGETS[target])
         if (model, target) not in plans:
             out = tmp_path_factory.mktemp("plans") / f"{model.stem}.{target}.plan"
-            compile_model(open_model(model), OFFLINE_TARGETS[target], out, kernels=gpu_kernel_stage)
+            compile_model(open_model(model), OFFLINE_TARGETS[target], out)
             header, offset = read_header(out)
             plans[model, target] = out, header, read_body(out, offset)
         return plans[model, target]
@@ -92,7 +93,7 @@ def test_instructions_on_hopper_and_strix_halo(compiled):
 def test_cdna3_takes_the_dot_product_tile_and_row_attention(compiled):
     _, _, body = compiled(TINY_BPE, "gfx942")
     members = {l["member"] for p in body["phases"].values() for l in p["launches"]
-               if l["family"] in ("matmul", "attention")}
+               if l["family"] in ("matmul", "attention_prefill")}
     assert "rows" in members and any(m.startswith("dot4_64x64") for m in members)
     assert not any(n.startswith(("lp_gemm_mma", "lp_attention_flash")) for n in body["gpu"]["manifests"])
 
@@ -113,9 +114,10 @@ def test_spm_model_compiles(compiled):
 
 def test_every_kernel_has_its_numpy_twin(compiled):
     """A GPU kernel serves a launch whose catalog family is a CPU backend kernel, its NumPy twin; every
-    op the passes produce has both a GPU family and a twin."""
-    assert set(select.FAMILY_MODULE) == set(FAMILY_OF_OP)
-    assert set(FAMILY_OF_OP.values()) == set(KERNELS)
+    kernel family has both a GPU template module and a twin."""
+    assert set(FAMILIES) == set(KERNELS)
+    modules = {p.stem for p in Path(families.__file__).parent.glob("*.py")}
+    assert set(FAMILIES) - {"matmul"} | {"matvec", "gemm"} <= modules
     for model, target in ((TINY_BPE, "sm_90"), (TINY_BPE, "gfx1151")):
         for _, launch, k in _launched(compiled(model, target)[2]):
             assert launch["family"] in KERNELS, (k["name"], launch["family"])
@@ -170,7 +172,7 @@ def test_scratch_buffers_alias_nothing_live(compiled):
 def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
     require_compiler(TARGETS["sm_90"])
     small = dataclasses.replace(OFFLINE_TARGETS["sm_90"], smem_per_block_optin=38 * 1024)
-    compile_model(open_model(TINY_BPE), small, tmp_path / "t.plan", kernels=gpu_kernel_stage)
+    compile_model(open_model(TINY_BPE), small, tmp_path / "t.plan")
     header, offset = read_header(tmp_path / "t.plan")
     gemm = [l for l in read_body(tmp_path / "t.plan", offset)["phases"]["prefill"]["launches"]
             if l["op"].startswith("matmul") and l["pruned"]]
@@ -184,7 +186,7 @@ def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
     tiny = dataclasses.replace(small, smem_per_block_optin=1024)
     with pytest.raises(BuildError, match=r"no member of \w+ fits sm_90: \w+: lp_\w+: \d+ bytes of shared memory over "
                                          r"the 1024-byte per-block limit of sm_90"):
-        compile_model(open_model(TINY_BPE), tiny, tmp_path / "u.plan", kernels=gpu_kernel_stage)
+        compile_model(open_model(TINY_BPE), tiny, tmp_path / "u.plan")
 
 
 def test_inspect_kernels_and_source(compiled, cli, tmp_path):
@@ -203,7 +205,7 @@ def test_inspect_kernels_and_source(compiled, cli, tmp_path):
     code, out, err = cli("inspect", path, "--source", "lp_nope")
     assert code != 0 and "no kernel named 'lp_nope' in this plan" in err
     code, out, _ = cli("inspect", path)
-    assert code == 0 and "planar: " in out and "the CPU backend unpacks" not in out
+    assert code == 0 and "planar (version 1): " in out and "held on the device" in out and "--device emu" in out
     code, _, err = cli("compile", TINY_BPE, "-o", tmp_path / "c.plan")
     code, _, err = cli("inspect", tmp_path / "c.plan", "--kernels")
     assert code != 0 and "is a CPU plan" in err
@@ -255,7 +257,7 @@ def test_the_tune_store_decides_gpu_members(kernel_cache, tmp_path):
     key, pick = entry(seg)
     entry(res, device_key=OFFLINE_TARGETS["sm_89"].tune_key)
     entry(res, build="0" * 16)
-    compile_model(model, device, tmp_path / "t.plan", kernels=gpu_kernel_stage, tune=store)
+    compile_model(model, device, tmp_path / "t.plan", tune=store)
     header, offset = read_header(tmp_path / "t.plan")
     launches = read_body(tmp_path / "t.plan", offset)["phases"]["prefill"]["launches"]
     measured = [l for l in launches if l.get("decision") == key]

@@ -121,14 +121,17 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     assert code == 0 and d["limits"] == {"ctx": 512, "chunk": 256, "max_seqs": 1, "kv_blocks": 32}
     code, out, _ = cli("inspect", plan, "--json")
     s = json.loads(out)
-    assert s["phases"]["decode"]["launches"] == 24 and s["weights"]["unpacked_at_load_bytes"] > 0
+    w = s["weights"]
+    assert s["phases"]["decode"]["launches"] == 24 and set(w["layouts"]) == {"f32", "rows"}
+    assert w["layouts"]["rows"]["tensors"] == ["token_embd.weight"] and not w["layouts"]["rows"]["copies"]
+    assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] > 0
     assert s["phases"]["decode"]["kernels"]["matmul/p4m"] == 9  # one row: one sgemv, the default panel
     code, _, err = cli("compile", TINY_BPE, "--ctx", "999999999", "-o", tmp_path / "y.plan")
     assert code == 2 and "--ctx 999999999 is outside" in err
 
 
 def test_runtime_imports_nothing_from_ir_or_passes():
-    code = ("import sys, llmplan.runtime.engine, llmplan.runtime.cpu_backend;"
+    code = ("import sys, llmplan.runtime.engine, llmplan.runtime.drivers.cpu, llmplan.runtime.drivers.emu;"
             "bad = [m for m in sys.modules if m.startswith(('llmplan.ir', 'llmplan.passes'))]; print(bad)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert r.stdout.strip() == "[]"

@@ -3,7 +3,7 @@
 ggml's test-backend-ops method (DESIGN.md, "Quality bars"): for every kernel family and every op it
 serves, fresh random inputs (never zeros) in several shapes, outputs poisoned before the call (NaN for
 float outputs, 0x80 bytes for packed values, bf16 bit patterns and int32), the kernel called through
-`KERNELS[FAMILY_OF_OP[op]](op, attrs, outs, *inputs)` as the CPU executor calls it, its outputs checked
+`KERNELS[TRAITS[op].family](op, attrs, outs, *inputs)` as the cpu driver calls it, its outputs checked
 fully written and compared with `IMPLS[op]` on the same values: normalized MSE under 1e-7 for
 exact-arithmetic kernels and 5e-4 for accumulation-order-sensitive ones, NaN/Inf positions equal.
 Kernels and interpreter share core/numerics.py, so most comparisons are bit-exact and assert that too.
@@ -24,7 +24,7 @@ from llmplan.ir.interpret import IMPLS
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
 from llmplan.core.numerics import PAGE
 from llmplan.models.quantize import quantize
-from llmplan.plans.catalog import FAMILIES, FAMILY_OF_OP
+from llmplan.core.op_traits import FAMILIES, TRAITS
 from llmplan.runtime.cpu_kernels import KERNELS, MappedRows, Packed
 
 F32, F16, U16 = np.float32, np.float16, np.uint16
@@ -33,7 +33,7 @@ ORDER = 5e-4  # accumulation-order-sensitive (BLAS dots, attention softmax sums)
 Q8 = ("q8_0", "q8_1", "q8_k")
 PACK_FORMATS = Q8 + ("f16", "bf16")
 
-# every op of FAMILY_OF_OP must appear here (test_every_catalog_op_is_tested_here checks it)
+# every op with a kernel family must appear here (test_every_catalog_op_is_tested_here checks it)
 TESTED_OPS = {
     "embed", "rmsnorm", "rmsnorm_pack", "pack", "matmul", "matmul_segmented", "matmul_residual", "rope_kv",
     "norm_rope_kv", "attention", "attention_partial", "attention_reduce", "attention_reduce_pack", "glu_pack",
@@ -50,7 +50,7 @@ def rng(request):
 # --- helpers ---------------------------------------------------------------------------------------
 
 def run(op, attrs, outs, *inputs):
-    KERNELS[FAMILY_OF_OP[op]](op, attrs, outs, *inputs)
+    KERNELS[TRAITS[op].family](op, attrs, outs, *inputs)
 
 
 POISON = 0x80  # as int8 -128, which no q8 value takes; as int16/int32/bf16 bits, nothing a kernel writes
@@ -73,7 +73,7 @@ def planar(blocks, fmt):
 
 
 def act_buffer(fmt, rows, k):
-    """A poisoned activation buffer as the CPU backend lays it out (cpu_backend._view)."""
+    """A poisoned activation buffer as the cpu driver lays it out (runtime/drivers/cpu.py view)."""
     if fmt in Q8:
         f = ACTIVATION_FORMATS[fmt.upper()]
         return Packed(fmt, {p.name: poisoned(p.shape, p.dtype) for p in planes(f, rows, k)[0]})
@@ -249,12 +249,12 @@ def tie_free(rng, rows, k, block, scale=1.0):
 def test_every_family_has_a_kernel_and_every_op_an_interpreter_implementation():
     assert set(FAMILIES) <= set(KERNELS), f"families without a CPU kernel: {sorted(set(FAMILIES) - set(KERNELS))}"
     assert set(KERNELS) <= set(FAMILIES), f"CPU kernels of no family: {sorted(set(KERNELS) - set(FAMILIES))}"
-    missing = sorted(op for op in FAMILY_OF_OP if op not in IMPLS)
+    missing = sorted(op for op, t in TRAITS.items() if t.family and op not in IMPLS)
     assert not missing, f"catalog ops the interpreter cannot run: {missing}"
 
 
 def test_every_catalog_op_is_tested_here():
-    assert TESTED_OPS == set(FAMILY_OF_OP)
+    assert TESTED_OPS == {op for op, t in TRAITS.items() if t.family}
 
 
 # --- embed_rows ------------------------------------------------------------------------------------

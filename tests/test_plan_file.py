@@ -41,7 +41,7 @@ def test_wrong_device(cli, plan, tmp_path):
     header, offset = read_header(plan)
     other = tmp_path / "h200.plan"
     write_plan(other, header | {"device": OFFLINE_TARGETS["sm_90-h200"].to_dict()}, read_body(plan, offset))
-    _fails(cli, other, "compiled for sm_90 (cuda:sm_90", "this device is cpu:",
+    _fails(cli, other, "compiled for sm_90 (cuda:sm_90", "the CUDA driver is not built yet", "--device emu",
                  f"recompile with: plan compile {TINY_SPM} --device cpu")
 
 
@@ -100,3 +100,63 @@ def test_not_a_plan(cli, tmp_path):
     junk = tmp_path / "junk.plan"
     junk.write_bytes(b"hello, this is not a plan at all")
     _fails(cli, junk, "not a plan file")
+
+
+def _edit(plan, tmp_path, change):
+    """A copy of the plan whose body `change(body)` edited (checksums recomputed: a plan that is
+    well-formed msgpack but does not hold together)."""
+    header, offset = read_header(plan)
+    body = read_body(plan, offset)
+    change(body)
+    out = tmp_path / "edited.plan"
+    write_plan(out, header, body)
+    return out
+
+
+def _launch(body, phase="decode", i=2):
+    return body["phases"][phase]["launches"][i]
+
+
+@pytest.mark.parametrize("change,where,problem", [
+    (lambda b: _launch(b)["kernels"][0]["args"].__setitem__(1, {"foo": 1}),
+     "phases.decode.launches[2].kernels[0].args[1]", "unknown argument kind 'foo'"),
+    (lambda b: _launch(b).pop("kernels"), "phases.decode.launches[2]", "missing field 'kernels'"),
+    (lambda b: b["phases"]["prefill"]["buffers"][3].__setitem__("bytes", 12),
+     "phases.prefill.buffers[3].bytes", "12 bytes, but"),
+    (lambda b: b["weights"]["blk.0.attn_q.weight"]["layouts"]["f32"].__setitem__("bytes", 7),
+     "weights.blk.0.attn_q.weight.layouts.f32.bytes", "7 bytes, but a Q4_K"),
+    (lambda b: b["weights"]["blk.0.attn_q.weight"]["layouts"]["f32"].__setitem__("version", 99),
+     "weights.blk.0.attn_q.weight.layouts.f32.version", "layout version 99"),
+    (lambda b: _launch(b)["kernels"][0]["args"].__setitem__(0, {"buf": 999}),
+     "phases.decode.launches[2].kernels[0].args[0]", "buffer 999 of"),
+    (lambda b: b["phases"]["decode"]["state"].pop("pos"), "phases.decode.state", "missing step-state input 'pos'"),
+    (lambda b: b["cache"].__setitem__("dtype", "f32"), "cache.dtype", "the K/V cache is f16"),
+    (lambda b: b["phases"]["decode"]["buffers"][0].__setitem__("shape", ["rows", "nope"]),
+     "phases.decode.buffers[0].shape[1]", "unknown dimension 'nope'"),
+    (lambda b: _launch(b).__setitem__("op", "frobnicate"), "phases.decode.launches[2].op", "unknown op"),
+])
+def test_inconsistent_body(cli, plan, tmp_path, change, where, problem):
+    """A body that decodes but does not hold together is refused on read, naming the field, for run
+    and inspect alike."""
+    bad = _edit(plan, tmp_path, change)
+    for verb in ("run", "inspect"):
+        _fails(cli, bad, "the plan's body is inconsistent", f"{where}: {problem}", "recompile with", verb=verb)
+
+
+def test_gpu_plan_kernel_arguments_are_checked_against_their_parameters(cli, tmp_path):
+    from llmplan.models.model import open_model
+    from llmplan.plans.compile import compile_model
+
+    gpu = tmp_path / "g.plan"
+    compile_model(open_model(TINY_SPM), OFFLINE_TARGETS["gfx1100"], gpu, ctx=256, chunk=64)
+
+    def scalar_for_pointer(b):
+        _launch(b)["kernels"][0]["args"][0] = {"i32": 3}
+
+    def one_argument_short(b):
+        _launch(b)["kernels"][0]["args"].pop()
+
+    _fails(cli, _edit(gpu, tmp_path, scalar_for_pointer), "phases.decode.launches[2].kernels[0].args[0]: parameter 0 "
+           "of lp_matvec", "is a pointer", verb="inspect")
+    _fails(cli, _edit(gpu, tmp_path, one_argument_short), "phases.decode.launches[2].kernels[0].args: ",
+           "arguments for the", verb="inspect")

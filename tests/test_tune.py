@@ -81,7 +81,7 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     chosen = {r["decision"]: r["chosen"] for r in rows}
     projections = [l for l in launches if "decision" in l]
     assert len(projections) == sum(sum(r["launches"].values()) for r in rows) == 4 * 4  # prefill's, 4 layers
-    one_row = [l for l in launches if l["family"] in ("matmul", "tail_argmax") and "decision" not in l]
+    one_row = [l for l in launches if l["family"] in ("matmul", "tail") and "decision" not in l]
     assert len(one_row) == 2 + 18 + 18 and all(l["member"] == "p4m" for l in one_row)
     assert body["tune"]["device_key"] == local_cpu().tune_key
     for launch in projections:

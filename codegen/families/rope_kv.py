@@ -7,7 +7,7 @@ offset pos[r] % PAGE, the page looked up once per block). norm_rope_kv RMS-norma
 head first (q_norm, k_norm), with norm.cu's arithmetic. The kernel is tiny and memory bound; one pass, coalesced.
 
 The rope table. The device computes no sin/cos: it reads (cos, sin) from a table that the runtime
-builds once per distinct (base, scale, dims, factors) with `rope_table` below, in float64 exactly as
+builds once per distinct (base, scale, dims, factors) with core/numerics.rope_table, in float64 exactly as
 core/numerics.rope computes theta, rounded to float32. A launch names it with the argument
 
     {"rope_table": {"base": float, "scale": float, "dims": int, "factors": weight name or None,
@@ -43,16 +43,6 @@ from ..kernel import Context, Kernel, Launch, grid_dim, scalar
 
 THREADS = 64
 MODES = {"norm": 0, "neox": 1}
-
-
-def rope_table(positions: int, dims: int, base: float, scale: float, factors: np.ndarray | None = None) -> np.ndarray:
-    """(cos, sin) of theta[p, i] = (p * scale) * base^(-2i/dims) / factors[i], computed in float64 as
-    core/numerics.rope does, rounded to float32: shape [positions, dims / 2, 2]."""
-    freqs = base ** (-np.arange(0, dims, 2, dtype=np.float64) / dims)
-    if factors is not None:
-        freqs = freqs / np.asarray(factors).astype(np.float64)
-    theta = (np.arange(positions, dtype=np.float64) * scale)[:, None] * freqs[None, :]
-    return np.stack([np.cos(theta), np.sin(theta)], axis=-1).astype(np.float32)
 
 
 def rope_f32(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, mode: str, table: np.ndarray) -> np.ndarray:

@@ -1,8 +1,8 @@
-// kernel_emu.h: codegen/kernels/vendor.h for the host, to run llmplan's GPU kernels on the CPU in tests.
+// emu.h: codegen/kernels/vendor.h for the host: the emulated GPU that runs llmplan's GPU kernels on a CPU.
 //
-// tests/kernel_emu.py renders the kernels with this header in place of vendor.h (same names, same
-// meaning) and compiles them as host C++ with clang. Every lane of a block is a fiber (ucontext) on
-// the calling OS thread; blocks run one after another, so `__shared__` variables are plain statics. A
+// codegen/emu.py renders a GPU plan's kernels (or a test's) with this header in place of vendor.h (same
+// names, same meaning) and compiles them as host C++ with clang. Every lane of a block is a fiber on an
+// OS thread; `__shared__` variables are thread-local statics, one copy per thread running blocks. A
 // lane runs until it has to wait: at lp_sync() for the whole block; at a shuffle or a matrix fragment
 // for the 32 lanes around it (NVIDIA's warp, whose shuffles name all 32 lanes; on wave 64, the
 // half-wave: the kernels' 32-lane groups); at a shuffle also for its source lane to have posted the
@@ -15,6 +15,14 @@
 // halves would pair the wrong ones (the GPU pairs them by instruction): that is reported too, and the
 // halves must meet at lp_sync first.
 //
+// Switching. A lane enters its fiber once through swapcontext and from then on switches with
+// _setjmp/_longjmp, which save no signal mask: glibc's swapcontext makes an rt_sigprocmask system call
+// on every switch (millions per decode step), the jumps make none and give the same bits.
+//
+// Blocks run on several threads (lp_emu_set_threads; the grid's blocks are handed out one at a time),
+// each thread with its own block state and lane stacks. Kernels that combine blocks do it through
+// lp_atomic_add, which is atomic here too.
+//
 // Build options: -DWAVE=64 emulates CDNA's wave (32 otherwise). -DLP_EMU_MMA (mma.sync, sm_80+) or
 // -DLP_EMU_WMMA (RDNA3 WMMA) emulates matrix-core fragments with the register layouts
 // codegen/kernels/mma.cuh documents, so a kernel's fragment indexing, scaling and epilogues are checked;
@@ -26,10 +34,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <setjmp.h>
 #include <ucontext.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #define LP_EMU 1
@@ -42,7 +55,7 @@
 #endif
 #define __global__
 #define __device__
-#define __shared__ static
+#define __shared__ static thread_local
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
@@ -61,6 +74,8 @@ struct Post {
 
 struct Lane {
   ucontext_t ctx;
+  jmp_buf jb;
+  bool started = false;
   bool done = false;
   const unsigned* wait_gen = nullptr;  // at a barrier: waiting while *wait_gen == wait_at
   unsigned wait_at = 0;
@@ -73,29 +88,33 @@ struct Lane {
 struct Block {
   int bid[3] = {0, 0, 0}, threads = 0, cur = 0;
   ucontext_t main;
+  jmp_buf main_jb;
   std::vector<Lane> lanes;
+  std::vector<ucontext_t> proto;  // getcontext once per lane slot
   std::vector<std::unique_ptr<char[]>> stacks;
   int block_arrived = 0;
   unsigned block_gen = 0;
   std::vector<int> group_arrived;
   std::vector<unsigned> group_gen;
-  std::function<void()> body;
-  const char* error = nullptr;  // the first failed check of this launch
+  const std::function<void()>* body = nullptr;
+  const char* error = nullptr;  // the first failed check of this block
 };
-inline Block g;
+// the block the calling thread is running
+inline thread_local Block* tls = nullptr;
+inline Block& G() { return *tls; }
 
 inline void fail(const char* message) {
-  if (!g.error) g.error = message;
+  if (!G().error) G().error = message;
 }
 
 inline bool waiting(const Lane& l) {
-  return (l.wait_gen && *l.wait_gen == l.wait_at) || (l.wait_src >= 0 && g.lanes[l.wait_src].posts.size() < l.wait_n);
+  return (l.wait_gen && *l.wait_gen == l.wait_at) || (l.wait_src >= 0 && G().lanes[l.wait_src].posts.size() < l.wait_n);
 }
 
 // back to the scheduler until this lane may go on
 inline void yield() {
-  Lane& lane = g.lanes[g.cur];
-  if (waiting(lane)) swapcontext(&lane.ctx, &g.main);
+  Lane& lane = G().lanes[G().cur];
+  if (waiting(lane) && !_setjmp(lane.jb)) _longjmp(G().main_jb, 1);
   lane.wait_gen = nullptr;
   lane.wait_src = -1;
 }
@@ -107,77 +126,157 @@ inline bool meet(int& arrived, unsigned& gen, int size) {
     ++gen;
     return true;
   }
-  g.lanes[g.cur].wait_gen = &gen;
-  g.lanes[g.cur].wait_at = gen;
+  G().lanes[G().cur].wait_gen = &gen;
+  G().lanes[G().cur].wait_at = gen;
   yield();
   return false;
 }
 
-inline void group_barrier() { meet(g.group_arrived[g.cur / GROUP], g.group_gen[g.cur / GROUP], GROUP); }
+inline void group_barrier() { meet(G().group_arrived[G().cur / GROUP], G().group_gen[G().cur / GROUP], GROUP); }
 
 inline void block_barrier() {
-  if (meet(g.block_arrived, g.block_gen, g.threads))
-    for (Lane& l : g.lanes) l.posts.clear();  // no shuffle is in flight: every lane is here
+  if (meet(G().block_arrived, G().block_gen, G().threads))
+    for (Lane& l : G().lanes) l.posts.clear();  // no shuffle is in flight: every lane is here
 }
 
 // until lane src has posted n shuffle values
 inline void wait_post(int src, size_t n) {
-  g.lanes[g.cur].wait_src = src;
-  g.lanes[g.cur].wait_n = n;
+  G().lanes[G().cur].wait_src = src;
+  G().lanes[G().cur].wait_n = n;
   yield();
 }
 
 inline void trampoline() {
-  g.body();
-  g.lanes[g.cur].done = true;  // back to g.main through uc_link
+  (*G().body)();
+  G().lanes[G().cur].done = true;
+  _longjmp(G().main_jb, 1);  // never through uc_link: G().main may be stale
 }
+
+// Block (x, y, z) of the grid, as every lane of it, on the calling thread; an error message or null.
+inline const char* run_block(Block& b, const std::function<void()>* body, int threads, int x, int y, int z) {
+  tls = &b;
+  b.threads = threads;
+  b.body = body;
+  b.error = nullptr;
+  b.lanes.resize(threads);
+  while ((int)b.stacks.size() < threads) {
+    b.stacks.emplace_back(new char[STACK]);
+    b.proto.emplace_back();
+    getcontext(&b.proto.back());
+  }
+  b.bid[0] = x, b.bid[1] = y, b.bid[2] = z;
+  b.block_arrived = 0;
+  b.group_arrived.assign(threads / GROUP, 0);
+  b.group_gen.assign(threads / GROUP, 0);
+  for (int t = 0; t < threads; ++t) {
+    Lane& l = b.lanes[t];
+    l = Lane();
+    l.ctx = b.proto[t];
+    l.ctx.uc_mcontext.fpregs = &l.ctx.__fpregs_mem;  // a copied ucontext_t points at its own FP state
+    l.ctx.uc_stack.ss_sp = b.stacks[t].get();
+    l.ctx.uc_stack.ss_size = STACK;
+    l.ctx.uc_link = &b.main;
+    makecontext(&l.ctx, trampoline, 0);
+  }
+  int alive = threads;
+  while (alive > 0) {
+    bool progress = false;
+    for (int t = 0; t < threads; ++t) {
+      Lane& l = b.lanes[t];
+      if (l.done || waiting(l)) continue;
+      b.cur = t;
+      if (!_setjmp(b.main_jb)) {
+        if (!l.started) {
+          l.started = true;
+          swapcontext(&b.main, &l.ctx);
+        } else {
+          _longjmp(l.jb, 1);
+        }
+      }
+      progress = true;
+      if (l.done) --alive;
+    }
+    if (!progress) return "deadlock: some lanes wait at a barrier (lp_sync or a shuffle) others never reach";
+  }
+  return b.error;
+}
+
+// The threads that run a launch's blocks: the caller and `size() - 1` workers, each with its own
+// Block. Never destroyed (the workers outlive every launch and are detached at creation).
+struct Pool {
+  std::mutex m;
+  std::condition_variable work, done;
+  std::vector<std::unique_ptr<Block>> blocks;  // [0]: the caller's
+  unsigned generation = 0;
+  int busy = 0;
+  // the current launch
+  const std::function<void()>* body = nullptr;
+  int gx = 0, gy = 0, threads = 0, total = 0;
+  std::atomic<int> next{0};
+  const char* error = nullptr;
+
+  void run(Block& b) {
+    for (int i; (i = next.fetch_add(1)) < total;) {
+      const char* e = run_block(b, body, threads, i % gx, i / gx % gy, i / (gx * gy));
+      if (e) {
+        std::lock_guard<std::mutex> lock(m);
+        if (!error) error = e;
+        next = total;
+      }
+    }
+  }
+
+  void worker(Block* b, unsigned seen) {
+    std::unique_lock<std::mutex> lock(m);
+    for (;;) {
+      work.wait(lock, [&] { return generation != seen; });
+      seen = generation;
+      lock.unlock();
+      run(*b);
+      lock.lock();
+      if (--busy == 0) done.notify_one();
+    }
+  }
+
+  void resize(int n) {
+    while ((int)blocks.size() < n) {
+      blocks.emplace_back(new Block());
+      if (blocks.size() > 1) std::thread(&Pool::worker, this, blocks.back().get(), generation).detach();
+    }
+  }
+};
+inline Pool* pool = new Pool();
+inline int pool_threads = 1;
 
 // Runs body() as every lane of every block; returns an error message or null.
 inline const char* launch(int gx, int gy, int gz, int threads, int smem_bytes, std::function<void()> body) {
   if (threads % WAVE) return "block is not a whole number of waves";
   if (smem_bytes) return "dynamic shared memory is not emulated";
-  g.threads = threads;
-  g.body = std::move(body);
-  g.error = nullptr;
-  g.lanes.assign(threads, Lane());
-  while ((int)g.stacks.size() < threads) g.stacks.emplace_back(new char[STACK]);
-  for (int z = 0; z < gz; ++z)
-    for (int y = 0; y < gy; ++y)
-      for (int x = 0; x < gx; ++x) {
-        g.bid[0] = x, g.bid[1] = y, g.bid[2] = z;
-        g.block_arrived = 0;
-        g.group_arrived.assign(threads / GROUP, 0);
-        g.group_gen.assign(threads / GROUP, 0);
-        for (int t = 0; t < threads; ++t) {
-          Lane& l = g.lanes[t];
-          l = Lane();
-          getcontext(&l.ctx);
-          l.ctx.uc_stack.ss_sp = g.stacks[t].get();
-          l.ctx.uc_stack.ss_size = STACK;
-          l.ctx.uc_link = &g.main;
-          makecontext(&l.ctx, trampoline, 0);
-        }
-        int alive = threads;
-        while (alive > 0) {
-          bool progress = false;
-          for (int t = 0; t < threads; ++t) {
-            Lane& l = g.lanes[t];
-            if (l.done || waiting(l)) continue;
-            g.cur = t;
-            swapcontext(&g.main, &l.ctx);
-            progress = true;
-            if (l.done) --alive;
-          }
-          if (!progress) return "deadlock: some lanes wait at a barrier (lp_sync or a shuffle) others never reach";
-        }
-        if (g.error) return g.error;
-      }
-  return nullptr;
+  Pool& p = *pool;
+  const int total = gx * gy * gz, n = total < pool_threads ? total : pool_threads;
+  p.resize(n > 1 ? n : 1);
+  p.body = &body, p.gx = gx, p.gy = gy, p.threads = threads, p.total = total, p.error = nullptr;
+  p.next = 0;
+  if (n > 1) {
+    std::lock_guard<std::mutex> lock(p.m);
+    p.busy = (int)p.blocks.size() - 1;
+    ++p.generation;
+    p.work.notify_all();
+  }
+  p.run(*p.blocks[0]);
+  if (n > 1) {
+    std::unique_lock<std::mutex> lock(p.m);
+    p.done.wait(lock, [&] { return p.busy == 0; });
+  }
+  return p.error;
 }
 
 // slot `slot` of lane `lane` of this lane's wave
-inline uint32_t reg(int lane, int slot) { return (uint32_t)g.lanes[g.cur / WAVE * WAVE + lane].slots[slot]; }
+inline uint32_t reg(int lane, int slot) { return (uint32_t)G().lanes[G().cur / WAVE * WAVE + lane].slots[slot]; }
 }  // namespace lp_emu
+
+// how many threads run a launch's blocks (1: the caller's alone)
+extern "C" void lp_emu_set_threads(int n) { lp_emu::pool_threads = n < 1 ? 1 : n; }
 
 // --- vendor.h's interface ----------------------------------------------------------------------------
 
@@ -185,11 +284,11 @@ typedef _Float16 lp_half;
 inline float lp_h2f(lp_half h) { return (float)h; }
 inline lp_half lp_f2h(float f) { return (lp_half)f; }
 
-inline int lp_tid() { return lp_emu::g.cur; }
-inline int lp_bid() { return lp_emu::g.bid[0]; }
-inline int lp_bid_y() { return lp_emu::g.bid[1]; }
-inline int lp_bid_z() { return lp_emu::g.bid[2]; }
-inline int lp_bdim() { return lp_emu::g.threads; }
+inline int lp_tid() { return lp_emu::G().cur; }
+inline int lp_bid() { return lp_emu::G().bid[0]; }
+inline int lp_bid_y() { return lp_emu::G().bid[1]; }
+inline int lp_bid_z() { return lp_emu::G().bid[2]; }
+inline int lp_bdim() { return lp_emu::G().threads; }
 inline void lp_sync() { lp_emu::block_barrier(); }
 
 inline int lp_lane() { return lp_tid() % WAVE; }
@@ -199,12 +298,12 @@ inline int lp_waves() { return lp_bdim() / WAVE; }
 namespace lp_emu {
 // this lane's value, and the value of lane `from` at the same shuffle
 inline uint64_t exchange(uint64_t bits, int from, int kind) {
-  std::vector<Post>& posts = g.lanes[g.cur].posts;
+  std::vector<Post>& posts = G().lanes[G().cur].posts;
   posts.push_back({bits, kind});
   const size_t n = posts.size();
   group_barrier();
   wait_post(from, n);
-  const Post& p = g.lanes[from].posts[n - 1];
+  const Post& p = G().lanes[from].posts[n - 1];
   if (p.kind != kind) fail("shuffles out of step: the halves of a wave took different numbers (meet at lp_sync first)");
   return p.bits;
 }
@@ -276,7 +375,7 @@ inline float f16(uint32_t w, int half) {
 // term(row, column, k) read from the posted registers, and the wave meets again before anyone posts anew.
 template <int NA, int NB, int K, int E, typename T, class Term>
 inline void fragment(const int* a, const int* b, T (&d)[E], Term term) {
-  Lane& me = g.lanes[g.cur];
+  Lane& me = G().lanes[G().cur];
   for (int i = 0; i < NA; ++i) me.slots[i] = (uint32_t)a[i];
   for (int i = 0; i < NB; ++i) me.slots[NA + i] = (uint32_t)b[i];
   group_barrier();

@@ -10,7 +10,8 @@ an entry for the device's tune key, this launch's decision key and the build id 
 sources of all the launch's candidates) puts its winner first; without one the family's order is the
 heuristic (fastest first on this target class), and the plan records which it was. GPU entries are
 written by probes on the device, which need the CUDA/HIP runtime (not built yet): until then every GPU
-decision is the heuristic's unless a store carries an entry.
+decision is the heuristic's unless a store carries an entry. Kernel choice lives here, in the planner;
+codegen/ holds the families' templates, rendering and compiling.
 """
 
 from __future__ import annotations
@@ -21,38 +22,27 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmplan.plans import probes
-from llmplan.plans.devices import DeviceFacts
-from llmplan.plans.tune_store import TuneStore
+from llmplan.codegen.build import Build, BuildError, Manifest, build, gate, render
+from llmplan.codegen.kernel import Context, Kernel, Launch
+from llmplan.codegen.targets import Target
 
-from .build import Build, BuildError, Manifest, build, gate, render
-from .kernel import Context, Kernel, Launch
-from .targets import Target
+from . import probes
+from .devices import DeviceFacts
+from .tune_store import TuneStore
 
-# fused-graph op -> family module in codegen/families/
-FAMILY_MODULE = {
-    "embed": "embed",
-    "rmsnorm": "norm", "rmsnorm_pack": "norm", "pack": "norm",
-    "matmul": "matvec", "matmul_segmented": "matvec", "matmul_residual": "matvec",
-    "rope_kv": "rope_kv", "norm_rope_kv": "rope_kv",
-    "attention": "attention_prefill",
-    "attention_partial": "attention_decode", "attention_reduce": "attention_decode",
-    "attention_reduce_pack": "attention_decode",
-    "glu_pack": "glu",
-    "add": "elementwise", "mul": "elementwise", "scale": "elementwise", "silu": "elementwise",
-    "gelu_tanh": "elementwise", "softcap": "elementwise", "take_rows": "elementwise",
-    "tail_argmax": "tail",
-}
 MATVEC_MAX_ROWS = 8  # more activation rows than this go to the GEMM tiles
 
 
 def family_module(launch: dict[str, Any], ctx: Context):
-    name = FAMILY_MODULE.get(launch["op"])
-    if name is None:
-        raise BuildError(f"no GPU kernel family implements op {launch['op']!r} yet")
-    if name == "matvec" and ctx.bound(ctx.shape(launch["args"][0])[0]) > MATVEC_MAX_ROWS:
-        name = "gemm"
-    return importlib.import_module(f"llmplan.codegen.families.{name}")
+    """The codegen/families/ module of a launch's kernel family (core/op_traits.py); the matmul family
+    has two: the wave mat-vec for a few rows, the GEMM tiles for more."""
+    name = launch["family"]
+    if name == "matmul":
+        name = "gemm" if ctx.bound(ctx.shape(launch["args"][0])[0]) > MATVEC_MAX_ROWS else "matvec"
+    try:
+        return importlib.import_module(f"llmplan.codegen.families.{name}")
+    except ModuleNotFoundError:
+        raise BuildError(f"no GPU kernel family implements op {launch['op']!r} ({name}) yet") from None
 
 
 def members(launch: dict[str, Any], ctx: Context) -> dict[str, list[Launch]]:

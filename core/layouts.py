@@ -1,0 +1,70 @@
+"""How a weight is held on a device: the layouts a plan names for its launch arguments, one table.
+
+A plan records, for each weight, the layouts its kernels read it in, each with its version and byte
+size (the planner sizes them here); the runtime makes them at load from the mapped GGUF with the same
+table. Bumping a layout's version makes older plans ask to be recompiled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .formats import FORMATS, Format, dequantize, planes
+
+
+def _rows_k(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, row length) of a weight in NumPy order (rows first)."""
+    return math.prod(shape[:-1]), shape[-1]
+
+
+def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
+    rows, k = _rows_k(shape)
+    blocks = fmt.blocks(raw)
+    ps, total = planes(fmt, rows, k)
+    out = np.zeros(total, np.uint8)
+    for p in ps:
+        out[p.offset:p.offset + p.nbytes] = np.ascontiguousarray(blocks[p.name]).view(np.uint8).reshape(-1)
+    return out
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    version: int
+    copies: bool  # whether the runtime holds a copy (False: the mapped file's bytes are used in place)
+    bytes: Callable[[Format, tuple[int, ...]], int]  # size of a weight of this format and shape
+    make: Callable[[np.ndarray, Format, tuple[int, ...]], np.ndarray]  # from the file's bytes
+    why: str
+
+
+def _file_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
+    rows, k = _rows_k(shape)
+    return rows * (k // fmt.block) * fmt.block_bytes
+
+
+LAYOUTS: dict[str, Layout] = {
+    "plain": Layout("plain", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
+                    "as in the file: norm weights and rope factors the GPU kernels read as stored"),
+    "rows": Layout("rows", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
+                   "left quantized in the mapped file: only the rows of the step's tokens are dequantized"),
+    "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _planar,
+                     "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
+                     "so a GPU lane's 16-byte load reads one field of consecutive blocks"),
+    "f32": Layout("f32", 1, True, lambda fmt, shape: 4 * math.prod(shape),
+                  lambda raw, fmt, shape: dequantize(raw, fmt, tuple(shape)),
+                  "dequantized to float32 at load (the NumPy CPU backend: NumPy has no int8 GEMV, and float32 BLAS "
+                  "on exactly dequantized weights gives the integer block dot products' values)"),
+}
+
+
+def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
+    return LAYOUTS[layout].bytes(FORMATS[fmt.upper()], tuple(shape))
+
+
+def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Weight `raw` (its file bytes) in `layout`: the bytes a kernel reads (plain, rows: `raw` itself)."""
+    return LAYOUTS[layout].make(raw, FORMATS[fmt.upper()], tuple(shape))

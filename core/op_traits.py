@@ -1,0 +1,49 @@
+"""An op's traits that every stage after the IR needs: which kernel family implements it and which
+operand it updates in place. The op's schema and meaning live in the IR's registry (ir/ops.py,
+ir/fused.py); a test holds the two tables to the same ops.
+
+A kernel family is one catalog entry with an implementation per backend: the CPU backend's NumPy twin
+(runtime/cpu_kernels.py KERNELS[family]) and the GPU template module (codegen/families/<family>.py;
+"matmul" has two, matvec for a few rows and gemm for more, which the planner picks between).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class OpTraits:
+    family: str | None  # None: no kernel (graph leaves, and primitives the fusion passes always replace)
+    updates: int | None = None  # the operand the op updates in place (the K/V cache), else None
+
+
+TRAITS: dict[str, OpTraits] = {
+    "input": OpTraits(None),
+    "weight": OpTraits(None),
+    "embed": OpTraits("embed"),
+    "rmsnorm": OpTraits("norm"),
+    "pack": OpTraits("norm"),
+    "rmsnorm_pack": OpTraits("norm"),
+    "matmul": OpTraits("matmul"),
+    "matmul_segmented": OpTraits("matmul"),
+    "matmul_residual": OpTraits("matmul"),
+    "rope": OpTraits(None),
+    "kv_store": OpTraits(None, updates=0),
+    "rope_kv": OpTraits("rope_kv", updates=6),
+    "norm_rope_kv": OpTraits("rope_kv", updates=6),
+    "attention": OpTraits("attention_prefill"),
+    "attention_partial": OpTraits("attention_decode"),
+    "attention_reduce": OpTraits("attention_decode"),
+    "attention_reduce_pack": OpTraits("attention_decode"),
+    "glu_pack": OpTraits("glu"),
+    "add": OpTraits("elementwise"),
+    "mul": OpTraits("elementwise"),
+    "scale": OpTraits("elementwise"),
+    "silu": OpTraits("elementwise"),
+    "gelu_tanh": OpTraits("elementwise"),
+    "softcap": OpTraits("elementwise"),
+    "take_rows": OpTraits("elementwise"),
+    "tail_argmax": OpTraits("tail"),
+}
+FAMILIES = sorted({t.family for t in TRAITS.values() if t.family})

@@ -1,0 +1,2 @@
+"""The backends behind runtime/driver.py: cpu (NumPy twins), emu (a GPU plan's kernels on the host),
+cuda, hip."""

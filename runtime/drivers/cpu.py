@@ -1,0 +1,49 @@
+"""The cpu driver: a CPU plan's kernel calls are its families' NumPy twins (runtime/cpu_kernels.py),
+called with views of host memory in the dtypes and shapes the plan gives each argument."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from llmplan.core.errors import InputError
+from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, planes
+
+from ..cpu_kernels import KERNELS, MappedRows, Packed
+from ..driver import Call, Region, Scalar
+from .host import HostDriver, raw, typed
+
+PREFIX = "numpy."
+
+
+def view(region: Region) -> Any:
+    """What a NumPy twin takes for an argument: an array of the region's dtype and shape, a packed
+    activation's field planes, or a quantized table left in the mapped file."""
+    if region.layout == "rows":
+        fmt = FORMATS[region.dtype.upper()]
+        return MappedRows(raw(region), fmt.name, fmt.row_bytes(region.shape[-1]))
+    if not region.layout and region.dtype.upper() in ACTIVATION_FORMATS:
+        fmt = ACTIVATION_FORMATS[region.dtype.upper()]
+        ps, _ = planes(fmt, math.prod(region.shape[:-1]), region.shape[-1])
+        data = raw(region)
+        return Packed(region.dtype, {p.name: data[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape)
+                                     for p in ps})
+    return typed(region)
+
+
+class CpuDriver(HostDriver):
+    name = "cpu"
+
+    def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
+        backend = header["device"]["backend"]
+        if backend != "cpu":
+            raise InputError(f"a {backend} plan ({header['device']['arch']}) does not run on the cpu driver: run it "
+                             "with --device emu, or compile for the CPU (plan compile ... --device cpu)")
+
+    def prepare(self, call: Call) -> Callable[[], None]:
+        if not call.name.startswith(PREFIX) or call.name[len(PREFIX):] not in KERNELS:
+            raise InputError(f"the cpu driver has no kernel {call.name!r}")
+        fn = KERNELS[call.name[len(PREFIX):]]
+        views = [view(a) for a in call.args if not isinstance(a, Scalar)]
+        outs, ins, op, attrs = views[:call.outs], views[call.outs:], call.op, call.attrs
+        return lambda: fn(op, attrs, outs, *ins)

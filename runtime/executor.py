@@ -1,0 +1,327 @@
+"""The executor: one walk over a phase's launch list for every backend, on top of a driver.
+
+At load it allocates what the plan describes (one arena; the paged K/V cache; one step-state slot per
+input of each phase, sized at the phase's bounds, at a fixed address; every weight in each device
+layout its kernels read, made from the mapped GGUF; the rope tables) and loads the kernels. Each step
+it writes the step state into its slots, binds every argument reference of every kernel call
+(runtime/driver.py Region and Scalar, with the step's rows and sequences), launches the calls that
+serve the wanted outputs, and queues the copies of those outputs to the host.
+
+Decode buckets. In a decode phase every argument and grid is fixed for a given batch width: what
+changes per step is read from the step-state slots. So a (phase, width, outputs) bucket's calls run
+directly the first time (a warm-up: kernels loaded, caches touched), are recorded the second time and
+replayed from then on, where the driver has graphs. A bucket whose recording fails says why, once,
+in `notes`, and runs directly.
+The decode phases' greedy tokens are written into their own `tokens` slot (the plan's "fed_by"), so
+a step whose sequences are the last step's, in the same order, needs no token from the host.
+
+Poison mode (tests): before each launch every byte it writes (outputs, scratch, the K/V cells of its
+rows) is set to 0xFF, a NaN in every float format; after it, every float it should have written is
+checked not to be NaN (i32 outputs: not -1), so a kernel that skips part of its output fails.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from llmplan.core import layouts
+from llmplan.core.errors import InputError
+from llmplan.core.formats import ACTIVATION_FORMATS, dequantize, planes, value_bytes
+from llmplan.core.numerics import rope_table
+from llmplan.models.gguf import GGUFFile
+
+from .driver import Call, Driver, Pending, Region, Scalar
+
+POISON = 0xFF
+
+
+class StepError(RuntimeError):
+    """A kernel left part of its output unwritten (poison mode), or the step state does not fit the plan."""
+
+
+@dataclass
+class LoadRecord:
+    weight_bytes: int = 0  # bytes of the weights the device holds
+    copied_bytes: int = 0  # of which copies (relayouts), beyond the mapped file
+    relayout_s: float = 0.0
+    upload_s: float = 0.0
+    tables: int = 0
+    kernels_s: float = 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: round(v, 4) if isinstance(v, float) else v for k, v in vars(self).items()}
+
+
+@dataclass
+class PendingStep:
+    """A queued step: its outputs' copies to the host."""
+
+    reads: dict[str, Pending]
+    seconds: float = 0.0  # host time spent queuing it
+
+    def result(self) -> dict[str, np.ndarray]:
+        return {name: p.result() for name, p in self.reads.items()}
+
+
+@dataclass
+class Bucket:
+    visits: int = 0
+    graph: Any = None
+    steps: int = 0  # replays
+    failed: str = ""  # why it could not be recorded
+
+
+def _bound(shape: list, dims: dict[str, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
+
+
+def _grid(grid: list, dims: dict[str, int]) -> tuple[int, int, int]:
+    g = [d if isinstance(d, int) else -(-dims[d[0]] // d[1]) for d in grid]
+    return tuple(g + [1] * (3 - len(g)))  # type: ignore[return-value]
+
+
+def _table_key(spec: dict[str, Any]) -> str:
+    return json.dumps(spec, sort_keys=True)
+
+
+class Executor:
+    def __init__(self, header: dict[str, Any], body: dict[str, Any], driver: Driver, model: GGUFFile, kv_blocks: int,
+                 poison: bool = False, replay: bool = True):
+        self.header, self.body, self.driver, self.model = header, body, driver, model
+        self.phases = body["phases"]
+        self.poison, self.replay = poison, replay and driver.graphs and not poison
+        self.kv_blocks = kv_blocks
+        self.load = LoadRecord()
+        t0 = time.perf_counter()
+        driver.load(body, header)
+        self.load.kernels_s = time.perf_counter() - t0
+        self.arena = driver.alloc(body["arena_bytes"])
+        c = body["cache"]
+        shape = _bound(c["shape"], {"blocks": kv_blocks})
+        self.cache = Region(driver.alloc(value_bytes("f16", shape)), 0, value_bytes("f16", shape), "f16", shape)
+        self.slots = {ph: {name: driver.alloc(value_bytes(s["dtype"], _bound(s["shape"], p["dims"])))
+                           for name, s in p["state"].items()} for ph, p in self.phases.items()}
+        self.weights: dict[tuple[str, str], Region] = {}
+        self.tables: dict[str, Region] = {}
+        self._keep: list[np.ndarray] = []  # host arrays the host drivers use in place
+        for p in self.phases.values():
+            for launch in p["launches"]:
+                for k in launch["kernels"]:
+                    for ref in k["args"]:
+                        if "weight" in ref:
+                            self._weight(ref["weight"], ref["layout"])
+                        elif "rope_table" in ref:
+                            self._rope_table(ref["rope_table"], p["dims"])
+        self.buckets: dict[tuple, Bucket] = {}
+        self.notes: list[str] = []  # what a caller should know once (a bucket that runs directly, and why)
+
+    # --- load ---------------------------------------------------------------------------------
+
+    def _hold(self, host: np.ndarray) -> Any:
+        t0 = time.perf_counter()
+        self._keep.append(host)
+        buf = self.driver.put(host)
+        self.load.upload_s += time.perf_counter() - t0
+        return buf
+
+    def _weight(self, name: str, layout: str) -> None:
+        if (name, layout) in self.weights:
+            return
+        w = self.body["weights"][name]
+        if self.model.tensors[name].type.name != w["format"]:
+            raise InputError(f"weight {name}: the plan has it as {w['format']}, the model file as "
+                             f"{self.model.tensors[name].type.name}: recompile the plan")
+        t0 = time.perf_counter()
+        data = layouts.make(layout, self.model.tensor_bytes(name), w["format"], tuple(w["shape"]))
+        self.load.relayout_s += time.perf_counter() - t0
+        info = w["layouts"][layout]
+        if data.nbytes != info["bytes"]:
+            raise InputError(f"weight {name} in layout {layout}: {data.nbytes} bytes, the plan says {info['bytes']}")
+        self.load.weight_bytes += data.nbytes
+        if layouts.LAYOUTS[layout].copies:
+            self.load.copied_bytes += data.nbytes
+        dtype = "f32" if layout == "f32" else "u8" if layout == "planar" else w["format"].lower()
+        self.weights[(name, layout)] = Region(self._hold(data), 0, data.nbytes, dtype, tuple(w["shape"]), layout)
+
+    def _rope_table(self, spec: dict[str, Any], dims: dict[str, int]) -> None:
+        key = _table_key(spec)
+        if key in self.tables:
+            return
+        positions = spec["positions"] if isinstance(spec["positions"], int) else dims[spec["positions"]]
+        factors = None
+        if spec["factors"] is not None:
+            t = self.model.tensors[spec["factors"]]
+            factors = dequantize(self.model.tensor_bytes(spec["factors"]), t.type)
+        table = np.ascontiguousarray(rope_table(positions, spec["dims"], spec["base"], spec["scale"], factors))
+        self.tables[key] = Region(self._hold(table), 0, table.nbytes, "f32", table.shape)
+        self.load.tables += 1
+
+    # --- binding --------------------------------------------------------------------------------
+
+    def step_dims(self, phase: str, rows: int, seqs: int) -> dict[str, int]:
+        p = self.phases[phase]
+        bounds = p["dims"]
+        for name, n in (("rows", rows), ("seqs", seqs)):
+            if name in bounds and not 1 <= n <= bounds[name]:
+                raise StepError(f"{phase}: {n} {name}, the plan's bound is {bounds[name]}")
+        return dict(bounds, rows=rows, seqs=seqs, blocks=self.kv_blocks)
+
+    def region(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region:
+        """The memory an argument reference names in a step with these dims."""
+        p = self.phases[phase]
+        if "buf" in ref:
+            b = p["buffers"][ref["buf"]]
+            shape = _bound(b["shape"], dims)
+            return Region(self.arena, b["offset"], value_bytes(b["dtype"], shape), b["dtype"], shape)
+        if "scratch" in ref:
+            shape = _bound(ref["shape"], dims)
+            return Region(self.arena, ref["offset"], value_bytes(ref["dtype"], shape), ref["dtype"], shape)
+        if "state" in ref:
+            s = p["state"][ref["state"]]
+            shape = _bound(s["shape"], dims)
+            return Region(self.slots[phase][ref["state"]], 0, value_bytes(s["dtype"], shape), s["dtype"], shape)
+        if "cache" in ref:
+            return self.cache
+        if "weight" in ref:
+            return self.weights[(ref["weight"], ref["layout"])]
+        if "rope_table" in ref:
+            return self.tables[_table_key(ref["rope_table"])]
+        raise StepError(f"unknown argument reference {ref}")  # the schema check makes this unreachable
+
+    def _arg(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region | Scalar:
+        for kind in ("i32", "f32"):
+            if kind in ref:
+                v = ref[kind]
+                return Scalar(kind, dims[v] if isinstance(v, str) else v)
+        return self.region(phase, ref, dims)
+
+    def calls(self, phase: str, dims: dict[str, int], want: set[str]) -> list[tuple[int, Call]]:
+        """The bound kernel calls of the launches that serve `want`, with their launch index."""
+        return [(i, call) for i, launch in enumerate(self.phases[phase]["launches"])
+                if want.intersection(launch.get("serves", ())) for call in self._launch_calls(phase, launch, dims)]
+
+    def _launch_calls(self, phase: str, launch: dict[str, Any], dims: dict[str, int]) -> list[Call]:
+        return [Call(k["name"], _grid(k["grid"], dims), k["block"], k["smem"],
+                     [self._arg(phase, r, dims) for r in k["args"]], launch["op"], launch["attrs"], len(launch["outs"]))
+                for k in launch["kernels"]]
+
+    # --- a step ---------------------------------------------------------------------------------
+
+    def write_state(self, phase: str, state: dict[str, np.ndarray], dims: dict[str, int]) -> None:
+        """Copy the step state into its slots; a fed input (the decode phases' tokens) may be left out,
+        and then keeps what the last step of this phase wrote into it."""
+        for name, s in self.phases[phase]["state"].items():
+            if name not in state:
+                if s.get("fed_by"):
+                    continue
+                raise StepError(f"{phase}: the step state lacks {name!r}")
+            want = _bound(s["shape"], dims)
+            arr = np.ascontiguousarray(state[name], np.int32)
+            if arr.shape != want:
+                raise StepError(f"{phase}: step state {name} has shape {arr.shape}, the step needs {want}")
+            self.driver.write(self.region(phase, {"state": name}, dims), arr)
+
+    def queue(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> PendingStep:
+        """Queue one step of `phase` computing the outputs in `want` (and the K/V writes of the launches
+        that serve them); their host copies come with result()."""
+        t0 = time.perf_counter()
+        p = self.phases[phase]
+        rows = len(state["pos"])
+        dims = self.step_dims(phase, rows, len(state["pages"]))
+        self.write_state(phase, state, dims)
+        bucket = None
+        if self.replay and phase != "prefill":
+            bucket = self.buckets.setdefault((phase, rows, dims["seqs"], tuple(sorted(want))), Bucket())
+            bucket.visits += 1
+            if bucket.visits == 2:
+                self._record(bucket, phase, dims, want)
+        if bucket is not None and bucket.graph is not None:
+            bucket.graph.replay()
+            bucket.steps += 1
+        else:
+            calls = self.calls(phase, dims, want)
+            for n, (i, call) in enumerate(calls):
+                if self.poison and (n == 0 or calls[n - 1][0] != i):
+                    self._poison(phase, p["launches"][i], dims, state)
+                self.driver.launch(call)
+                if self.poison and (n + 1 == len(calls) or calls[n + 1][0] != i):
+                    self._check(phase, p["launches"][i], dims, state)
+        reads = {name: self.driver.read(self.region(phase, ref, dims))
+                 for name, ref in p["outputs"].items() if name in want and "cache" not in ref}
+        return PendingStep(reads, time.perf_counter() - t0)
+
+    def run(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> dict[str, np.ndarray]:
+        return self.queue(phase, state, want).result()
+
+    def _record(self, bucket: Bucket, phase: str, dims: dict[str, int], want: set[str]) -> None:
+        try:
+            bucket.graph = self.driver.record([c for _, c in self.calls(phase, dims, want)])
+        except Exception as e:  # the backend's capture failed: this bucket runs directly, and says so once
+            bucket.failed = f"{type(e).__name__}: {e}"
+            self.notes.append(f"{phase} at {dims['seqs']} sequences runs directly: recording failed ({bucket.failed})")
+
+    def run_launch(self, phase: str, index: int, state: dict[str, np.ndarray]) -> None:
+        """Launch i of `phase` alone (all its kernel calls) on the step state: a differential test feeds
+        two backends the same inputs launch by launch."""
+        dims = self.step_dims(phase, len(state["pos"]), len(state["pages"]))
+        self.write_state(phase, state, dims)
+        for call in self._launch_calls(phase, self.phases[phase]["launches"][index], dims):
+            self.driver.launch(call)
+
+    # --- poison mode ----------------------------------------------------------------------------
+
+    def _written(self, phase: str, launch: dict[str, Any], dims: dict[str, int],
+                 state: dict[str, np.ndarray]) -> list[tuple[str, Region]]:
+        """(what, region) for every range a launch writes: its outputs, the scratch of its kernel calls
+        (which carries values from one call of the launch to the next), and the K/V cells of its rows."""
+        out = []
+        for j, ref in enumerate(launch["outs"]):
+            if "cache" in ref:
+                out += [("K/V cache", r) for r in self._cache_cells(launch, state)]
+            else:
+                out.append((f"output {j} ({ref})", self.region(phase, ref, dims)))
+        scratch = {r["scratch"]: r for k in launch["kernels"] for r in k["args"] if "scratch" in r}
+        return out + [(f"scratch {name}", self.region(phase, r, dims)) for name, r in scratch.items()]
+
+    def _cache_cells(self, launch: dict[str, Any], state: dict[str, np.ndarray]) -> list[Region]:
+        """The K and V rows this launch stores: position pos[r] of sequence seq[r] in layer `layer`."""
+        layers, _, blocks, page, kv = self.cache.shape
+        cells = []
+        for s, pos in zip(state["seq"], state["pos"]):
+            block = int(state["pages"][s][pos // page])
+            for half in (0, 1):
+                at = ((((launch["attrs"]["layer"] * 2 + half) * blocks + block) * page + pos % page) * kv) * 2
+                cells.append(Region(self.cache.buffer, at, kv * 2, "f16", (kv,)))
+        return cells
+
+    def _poison(self, phase, launch, dims, state) -> None:
+        for _, r in self._written(phase, launch, dims, state):
+            self.driver.fill(r, POISON)
+
+    def _check(self, phase, launch, dims, state) -> None:
+        for what, r in self._written(phase, launch, dims, state):
+            bad = _unwritten(r, self.driver.read(r).result())
+            if bad:
+                names = ", ".join(k["name"] for k in launch["kernels"])
+                raise StepError(f"{phase}: launch {launch['op']} ({names}) left {bad} values of {what} unwritten")
+
+
+def _unwritten(r: Region, data: np.ndarray) -> int:
+    """How many values of the region still hold the poison: NaN floats (every float plane of a packed
+    format), -1 ints."""
+    if r.dtype in ("f32", "f16"):
+        return int(np.isnan(data).sum())
+    if r.dtype == "bf16":
+        return int(((data & 0x7FFF) > 0x7F80).sum())
+    if r.dtype == "i32":
+        return int((data == -1).sum())
+    fmt = ACTIVATION_FORMATS[r.dtype.upper()]
+    ps, _ = planes(fmt, math.prod(r.shape[:-1]), r.shape[-1])
+    raw = data.view(np.uint8)
+    return sum(int(np.isnan(raw[p.offset:p.offset + p.nbytes].view(p.dtype)).sum()) for p in ps if p.dtype.kind == "f")
