@@ -136,6 +136,7 @@ class EngineThread:
                     stopping = True
                     for sid in list(self._live):
                         engine.cancel(sid)
+            self._gauges()  # a step can take long: show what the inbox changed now
             if not engine.idle:
                 self._deliver(engine.step())
                 self.metrics.preemptions.inc(len(engine.records[-1]["preempted"]))

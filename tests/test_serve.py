@@ -326,7 +326,7 @@ def test_a_full_queue_answers_429(tight):
         r = tight.post("/v1/completions", {"prompt": "hi", "max_tokens": 2})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error" and r.json()["error"]["code"] == "queue_full"
-        assert tight.metrics()["llmplan_requests_waiting"] == 1
+        tight.wait_for(lambda m: m["llmplan_requests_waiting"] == 1 and m["llmplan_requests_running"] == 1)
     m = tight.wait_idle()
     assert m["llmplan_requests_rejected_total"] == 1 and m["llmplan_kv_blocks_free"] == 8
     assert tight.post("/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
