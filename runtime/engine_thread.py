@@ -31,15 +31,18 @@ class Accepted:
 
 
 @dataclass
-class EngineFailed:
-    """A Stream's item when the engine thread stopped on an error (a bug: the server says 500)."""
+class EngineStopped:
+    """A Stream's item when the engine thread has stopped: on an error (a bug, HTTP 500) or because
+    the server is shutting down (503)."""
 
+    status: int
     message: str
 
 
 class Stream:
     """One request's hand-over between its handler's event loop and the engine thread: the engine
-    thread puts (Accepted or a RequestError, then Events to the finish), the handler gets."""
+    thread puts (Accepted or a RequestError, then Events to the finish; EngineStopped if it stops
+    first), the handler gets."""
 
     def __init__(self, request: Request):
         self.request = request
@@ -76,6 +79,8 @@ class EngineThread:
         self.failure: BaseException | None = None
         self._inbox: queue.SimpleQueue[tuple[str, Stream | None]] = queue.SimpleQueue()
         self._live: dict[int, Stream] = {}
+        self._stopped: EngineStopped | None = None  # set once the thread takes no more requests
+        self._lock = threading.Lock()  # makes a submission and the thread's stopping one before the other
         self._thread = threading.Thread(target=self._main, name="engine", daemon=True)
 
     @property
@@ -86,7 +91,11 @@ class EngineThread:
         self._thread.start()
 
     def submit(self, stream: Stream) -> None:
-        self._inbox.put(("submit", stream))
+        with self._lock:
+            if self._stopped is None:
+                self._inbox.put(("submit", stream))
+                return
+        stream.put(self._stopped)
 
     def cancel(self, stream: Stream) -> None:
         self._inbox.put(("cancel", stream))
@@ -110,13 +119,28 @@ class EngineThread:
         self.engine = engine
         self._gauges()
         try:
-            self._serve(self.engine)
-        except BaseException as e:  # noqa: BLE001 (a bug: every request still waiting hears of it)
+            self._serve(engine)
+        except BaseException as e:  # noqa: BLE001 (a bug: every request in flight hears of it)
             log.exception("the engine thread stopped")
             self.failure = e
-            for stream in self._live.values():
-                stream.put(EngineFailed(f"the engine stopped: {type(e).__name__}: {e}"))
+            self._stop(EngineStopped(500, f"the engine stopped: {type(e).__name__}: {e}"))
             self._on_failure(e)
+        else:
+            self._stop(EngineStopped(503, "the server is shutting down"))
+
+    def _stop(self, why: EngineStopped) -> None:
+        """Tell every request still in flight, or still in the inbox, that no answer is coming."""
+        with self._lock:
+            self._stopped = why
+        for stream in self._live.values():
+            stream.put(why)
+        while True:
+            try:
+                what, stream = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if what == "submit":
+                stream.put(why)
 
     def _serve(self, engine: Engine) -> None:
         stopping = False

@@ -19,6 +19,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from typing import Any, AsyncIterator, Awaitable, Callable, TypeVar
 
 import anyio
@@ -33,7 +34,7 @@ from starlette.routing import Route
 from llmplan.core.errors import InputError
 
 from .engine import Engine
-from .engine_thread import EngineFailed, EngineThread, Stream
+from .engine_thread import EngineStopped, EngineThread, Stream
 from .openai_api import ApiError, Ask, Reply, parse_chat, parse_completion
 from .requests import Event, Request, RequestError
 from .serve_metrics import CONTENT_TYPE, Metrics
@@ -55,9 +56,11 @@ class _Service:
         self.metrics = Metrics()
         self.engine = EngineThread(load, self.metrics, self._ready, on_failure)
         self.in_flight = 0  # handlers run on one event loop: a plain count is safe
+        self.created = 0
 
     def _ready(self, engine: Engine) -> None:
         self.name = self.name or os.path.splitext(os.path.basename(engine.model.path))[0]
+        self.created = int(time.time())
         _say(f"ready: model {self.name}, context {engine.limits['ctx']}, {engine.scheduler.max_seqs} sequences per "
              f"step, {engine.pool.total} K/V blocks (loaded in {engine.load_seconds:.2f} s)")
 
@@ -108,7 +111,7 @@ class _Service:
     async def models(self, request: HttpRequest) -> Response:
         engine = self._guard(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": self.name, "object": "model", "created": int(os.path.getmtime(engine.plan_path)),
+            {"id": self.name, "object": "model", "created": self.created,
              "owned_by": "llmplan", "max_model_len": engine.limits["ctx"]}]})
 
     async def tokenize(self, request: HttpRequest) -> Response:
@@ -246,8 +249,8 @@ class _Job:
 
 
 def _raise_failure(item: Any) -> None:
-    if isinstance(item, EngineFailed):
-        raise ApiError(500, item.message, "server_error")
+    if isinstance(item, EngineStopped):
+        raise ApiError(item.status, item.message, "server_error")
 
 
 async def _chunks(job: _Job, reply: Reply) -> AsyncIterator[bytes]:
@@ -267,7 +270,7 @@ async def _chunks(job: _Job, reply: Reply) -> AsyncIterator[bytes]:
                 yield _sse(reply.chunk(text, batch, end.finish_reason if end is not None else None))
             if end is not None and ask.include_usage:
                 yield _sse(reply.usage_chunk(len(end.result.prompt_ids), len(end.result.ids)))
-    except ApiError as e:  # the engine stopped: the status line is long sent, the error goes in the stream
+    except ApiError as e:  # the engine stopped: the status line is sent, so the error goes in the stream
         yield _sse(e.body())
     yield b"data: [DONE]\n\n"
 
@@ -388,7 +391,6 @@ def listen(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as e:
         raise InputError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
     return sock
 
 

@@ -28,9 +28,9 @@ START_S = 60.0
 
 
 class Served:
-    def __init__(self, plan: str, log: Path, *flags: str):
+    def __init__(self, plan: str, log: Path, *flags: str, env: dict[str, str] | None = None):
         self.log = log
-        env = os.environ | {"LLMPLAN_TUNE_DIR": "off", "PYTHONUNBUFFERED": "1"}
+        env = os.environ | {"LLMPLAN_TUNE_DIR": "off", "PYTHONUNBUFFERED": "1"} | (env or {})
         self._out = open(log, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "llmplan.plans.cli", "serve", plan, "--port", "0",
                                       *flags], stdout=self._out, stderr=subprocess.STDOUT, env=env)
@@ -39,11 +39,17 @@ class Served:
             else {}
         self.http = httpx.Client(base_url=self.url, timeout=60, headers=self.headers)
         deadline = time.monotonic() + START_S
-        while self.http.get("/health").status_code != 200:
+        while not self._healthy():
             self._check_alive()
             if time.monotonic() > deadline:
                 raise AssertionError(f"plan serve did not become healthy:\n{self.output()}")
             time.sleep(0.05)
+
+    def _healthy(self) -> bool:
+        try:
+            return self.http.get("/health").status_code == 200
+        except httpx.TransportError:  # the server is not listening (yet, or any more)
+            return False
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")

@@ -5,6 +5,7 @@ its K/V blocks; auth, the queue bound, the body bound, signals and loading."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import subprocess
@@ -121,6 +122,21 @@ def test_the_spm_model_serves_plan_runs_ids(serve_plan, cli, tmp_path):
         chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
                                               temperature=0, stream=True, extra_body={"return_token_ids": True})
         assert [i for c in chat for i in _extra(c.choices[0], "token_ids") if c.choices] == ref_chat["ids"]
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+def test_a_gguf_is_compiled_once_and_served(tmp_path):
+    from conftest import TINY_SPM
+
+    server = Served(str(TINY_SPM), tmp_path / "gguf.log", "--ctx", "256", "--max-seqs", "2",
+                    env={"LLMPLAN_CACHE": str(tmp_path / "cache")})
+    try:
+        assert len(list((tmp_path / "cache" / "plans").glob("*.plan"))) == 1
+        got = server.post("/v1/completions", {"prompt": "hi", "max_tokens": 3}).json()
+        assert got["usage"]["completion_tokens"] == 3 and got["model"] == "tiny-llama-spm-Q4_K_M"
+        assert server.post("/tokenize", {"prompt": "hi"}).json()["max_model_len"] == 256
+        assert "2 sequences per step" in server.output()
     finally:
         assert server.stop() == 0, server.output()
 
@@ -392,25 +408,49 @@ def test_bad_starts_are_one_line_and_exit_2(served, tmp_path):
         assert "Traceback" not in r.stderr
 
 
-def test_health_is_503_while_loading(serve_plan):
+@contextlib.contextmanager
+def _in_thread(load, **kw):
+    """create_app(load) served by uvicorn on a thread of this process; yields (its URL, the on_failure calls)."""
     import uvicorn
 
     from llmplan.runtime.server import create_app, listen
 
+    failures: list[BaseException] = []
+    server = uvicorn.Server(uvicorn.Config(create_app(load, on_failure=failures.append, **kw), log_level="critical"))
+    sock = listen("127.0.0.1", 0)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", failures
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def test_a_failing_engine_answers_500_and_says_so(serve_plan):
+    engine = Engine.load(serve_plan("bpe"))
+    engine.step = lambda: 1 / 0  # a bug in the engine, as the engine thread meets it
+    with _in_thread(lambda: engine) as (url, failures):
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 500 and r.json()["error"]["type"] == "server_error", r.text
+        assert "ZeroDivisionError" in r.json()["error"]["message"]
+        assert httpx.get(url + "/health").json() == {"status": "error"}
+        r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "model_not_ready"
+        assert [type(e) for e in failures] == [ZeroDivisionError]
+
+
+def test_health_is_503_while_loading(serve_plan):
     gate = threading.Event()
 
     def load():
         assert gate.wait(30)
         return Engine.load(serve_plan("bpe"))
 
-    server = uvicorn.Server(uvicorn.Config(create_app(load), log_level="warning"))
-    sock = listen("127.0.0.1", 0)
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]})
-    thread.start()
-    try:
-        while not server.started:
-            time.sleep(0.01)
+    with _in_thread(load) as (url, _):
         r = httpx.get(url + "/health")
         assert r.status_code == 503 and r.json() == {"status": "loading"}
         r = httpx.post(url + "/v1/completions", json={"prompt": "hi"})
@@ -422,8 +462,3 @@ def test_health_is_503_while_loading(serve_plan):
             time.sleep(0.02)
         r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
-    finally:
-        gate.set()
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
