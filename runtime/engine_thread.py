@@ -39,6 +39,9 @@ class EngineStopped:
     message: str
 
 
+SHUTTING_DOWN = EngineStopped(503, "the server is shutting down")
+
+
 class Stream:
     """One request's hand-over between its handler's event loop and the engine thread: the engine
     thread puts (Accepted or a RequestError, then Events to the finish; EngineStopped if it stops
@@ -126,7 +129,7 @@ class EngineThread:
             self._stop(EngineStopped(500, f"the engine stopped: {type(e).__name__}: {e}"))
             self._on_failure(e)
         else:
-            self._stop(EngineStopped(503, "the server is shutting down"))
+            self._stop(SHUTTING_DOWN)
 
     def _stop(self, why: EngineStopped) -> None:
         """Tell every request still in flight, or still in the inbox, that no answer is coming."""
@@ -152,7 +155,9 @@ class EngineThread:
                 except queue.Empty:
                     break
                 block = False
-                if what == "submit":
+                if what == "submit" and stopping:
+                    stream.put(SHUTTING_DOWN)
+                elif what == "submit":
                     self._submit(engine, stream)
                 elif what == "cancel" and stream.request_id in self._live:
                     engine.cancel(stream.request_id)

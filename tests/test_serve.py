@@ -462,3 +462,29 @@ def test_health_is_503_while_loading(serve_plan):
             time.sleep(0.02)
         r = httpx.post(url + "/v1/completions", json={"prompt": "hi", "max_tokens": 3})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_the_engine_thread_answers_what_comes_after_it_stops(serve_plan):
+    import asyncio
+
+    from llmplan.runtime.engine_thread import SHUTTING_DOWN, Accepted, EngineThread, Stream
+    from llmplan.runtime.serve_metrics import Metrics
+
+    async def go():
+        thread = EngineThread(lambda: Engine.load(serve_plan("bpe")), Metrics())
+        thread.start()
+        while not thread.ready:
+            await asyncio.sleep(0.01)
+        running = Stream(Request([1, 2, 3], 200))
+        thread.submit(running)
+        assert isinstance(await running.get(), Accepted)
+        await asyncio.to_thread(thread.stop, 30)  # what runs is cancelled
+        items = [await running.get()]
+        while not getattr(items[-1], "finish_reason", None):
+            items.append(await running.get())
+        assert items[-1].finish_reason == "cancelled" and thread.engine.pool.free_blocks == thread.engine.pool.total
+        late = Stream(Request([1, 2, 3], 2))
+        thread.submit(late)
+        assert await late.get() == SHUTTING_DOWN
+
+    asyncio.run(go())
