@@ -42,7 +42,7 @@ from .driver import driver_for
 from .executor import Executor, PendingStep
 from .kv_blocks import BlockPool
 from .requests import Event, Request, RequestError, Result, SamplingParams, StopText
-from .sampler import Sampler
+from .sampler import Sampler, token_logprobs
 from .scheduler import Scheduler, Sequence, Step
 
 RECORDS_KEPT = 10_000
@@ -270,7 +270,7 @@ class Engine:
 
     def _head(self, seqs: list[Sequence]) -> str:
         """The output a step needs for these sequences' next tokens: the fused tail's argmax, or logits."""
-        wants = any(s.state.request.params.needs_logits or
+        wants = any(s.state.request.needs_logits or
                     (s.state.request.keep_prompt_logits and not s.state.result.ids) for s in seqs)
         return "logits" if wants else "next_token"
 
@@ -380,7 +380,9 @@ class Engine:
         run.result.ids.append(token)
         text, stopped = run.stops.push(run.stream.push(token))
         run.result.text += text
-        self._events.append(Event(seq.id, token=token, text=text))
+        want = run.request.logprobs
+        self._events.append(Event(seq.id, token=token, text=text,
+                                  logprobs=None if want is None else token_logprobs(row, token, want)))
         if stopped or self.tokenizer.is_eog(token):
             self._finish(seq, "stop", flush_stream=not stopped)
         elif len(seq.tokens) >= seq.limit:

@@ -12,6 +12,9 @@ import numpy as np
 from llmplan.core.errors import InputError
 
 
+MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's bound)
+
+
 class RequestError(InputError):
     """A request the engine refuses (the others keep running)."""
 
@@ -62,6 +65,12 @@ class Request:
     stop: tuple[str, ...] = ()  # strings that end the generation (not part of the returned text)
     keep_prompt_logits: bool = False  # Result.prompt_logits: the logits row after the prompt
     truncate: bool = False  # a prompt longer than the context keeps its BOS and its end instead of failing
+    logprobs: int | None = None  # Event.logprobs for each generated token, with this many top alternatives
+
+    @property
+    def needs_logits(self) -> bool:
+        """Whether each generated token needs its whole logits row (to sample it, or for its logprobs)."""
+        return self.params.needs_logits or self.logprobs is not None
 
     def validate(self, n_vocab: int) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 0:
@@ -70,6 +79,9 @@ class Request:
             raise RequestError(f"params must be SamplingParams, got {type(self.params).__name__}")
         if isinstance(self.stop, (str, bytes)) or not all(isinstance(s, str) and s for s in self.stop):
             raise RequestError(f"stop must be a sequence of non-empty strings, got {self.stop!r}")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or isinstance(self.logprobs, bool)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise RequestError(f"logprobs must be an integer in 0..{MAX_LOGPROBS} or None, got {self.logprobs!r}")
         if isinstance(self.prompt, str):
             return
         if not isinstance(self.prompt, (list, tuple)) or not all(isinstance(t, (int, np.integer)) for t in self.prompt):
@@ -91,6 +103,15 @@ class Result:
 
 
 @dataclass
+class TokenLogprobs:
+    """A generated token's log-probability under the model (the logits row's log-softmax, before any
+    penalty or temperature) and the most likely tokens' with theirs, most likely first."""
+
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+@dataclass
 class Event:
     """One request's progress: a new token and its text, or (finish_reason set) its end."""
 
@@ -100,6 +121,7 @@ class Event:
     text: str = ""
     finish_reason: str | None = None
     result: Result | None = None  # with the finish
+    logprobs: TokenLogprobs | None = None  # with a token, when the request asked for them
 
 
 class StopText:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .requests import SamplingParams
+from .requests import SamplingParams, TokenLogprobs
 
 
 class Sampler:
@@ -35,3 +35,14 @@ class Sampler:
             keep = int(np.count_nonzero(probs >= p.min_p * probs[0]))  # probs are sorted, the first is the max
             order, probs = order[:keep], probs[:keep]
         return int(order[self.rng.choice(len(order), p=probs / probs.sum())])
+
+
+def token_logprobs(logits: np.ndarray, token: int, top: int) -> TokenLogprobs:
+    """`token`'s log-probability in a logits row and the `top` most likely tokens' (ties: lower id first)."""
+    z = logits.astype(np.float64)
+    z -= z.max()
+    lp = z - np.log(np.exp(z).sum())
+    k = min(top, len(lp))
+    near = np.flatnonzero(lp >= np.partition(lp, len(lp) - k)[len(lp) - k]) if k else np.arange(0)
+    best = near[np.lexsort((near, -lp[near]))][:k]  # every candidate tied at the cut is sorted in
+    return TokenLogprobs(float(lp[token]), [(int(t), float(lp[t])) for t in best])

