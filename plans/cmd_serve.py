@@ -8,7 +8,7 @@ import argparse
 import os
 
 from llmplan.core.errors import InputError
-from llmplan.models.gguf import MAGIC
+from llmplan.models.gguf import is_gguf
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("plan", help="plan file, or a GGUF to compile on the fly")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free port, printed)")
-    p.add_argument("--device", default="cpu", help="the device the engine runs on (default cpu)")
+    p.add_argument("--device", help="the device the engine runs on: cpu, or emu for a GPU plan on the emulated GPU "
+                   "(default: the plan's own backend)")
     p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 8)")
     p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         from llmplan.runtime.engine import Engine
 
         plan, max_seqs = args.plan, args.max_seqs
-        if _is_gguf(plan):
+        if is_gguf(plan):
             from llmplan.plans.compile import plan_for
 
             max_seqs = max_seqs or 8
@@ -67,7 +68,3 @@ def run(args: argparse.Namespace) -> int:
           max_body=args.max_body, grace=args.grace, log_level=args.log_level)
     return 0
 
-
-def _is_gguf(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(len(MAGIC)) == MAGIC
