@@ -3,10 +3,11 @@ computes it (non-overlapping windows of --ctx tokens, each starting with BOS, th
 scored; or with --stride S, windows every S tokens, each scoring its last S), and with --save-logits /
 --against / --against-llama-cpp the KL divergence of every scored token's distribution from a base's.
 
-A base keeps per scored token the log-probabilities of its 32 most likely tokens and the mass of the
-rest (about 260 bytes a token, compressed; a full row at f16 would be 2 bytes per vocabulary entry,
-512 KiB a token for Gemma 3). The KL divergence over that grouping is a lower bound of the full
-row's, measured at under 1% below it on Gemma 3 270M (docs/numerics.md)."""
+A base keeps per scored token its whole distribution as f16 log-probabilities (2 bytes per
+vocabulary entry, as llama-perplexity's base file; deflate leaves about 3/4 of that: some 400 KB a
+token for Gemma 3's 262144 entries). Measured on Gemma 3 270M, that gives the full-precision KL
+divergence to 0.1%, where keeping the top k tokens and the rest's mass undercounts it by 24% at
+k = 32, 6% at k = 256 and 0.5% at k = 4096 (docs/numerics.md)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="perplexity and KL divergence over a text", description=__doc__)
     p.add_argument("plan", help="plan file, or a GGUF to compile for this machine on the fly")
     p.add_argument("-f", "--file", required=True, metavar="TEXT", help="the text (UTF-8)")
-    p.add_argument("--ctx", type=int, help=f"tokens per window (default {DEFAULT_CTX}, at most the plan's context)")
-    p.add_argument("--stride", type=int, help="windows every S tokens, each scoring its last S predictions "
-                   "(llama-perplexity --ppl-stride; its window is -c plus S/2, rounded up to 256)")
+    p.add_argument("--ctx", type=int, metavar="N",
+                   help=f"tokens per window (default {DEFAULT_CTX}, at most the plan's context)")
+    p.add_argument("--stride", type=int, metavar="S", help="windows every S tokens, each scoring its last S "
+                   "predictions (llama-perplexity --ppl-stride; its window is -c plus S/2, rounded up to 256)")
     p.add_argument("--device", default="cpu", help="cpu (default), emu, cuda or hip: where the plan runs")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
-    p.add_argument("--save-logits", metavar="BASE.npz", help=f"save what a later --against needs (per scored token "
-                   f"the log-probabilities of its {eval_stats.TOP_K} most likely tokens and the rest's mass)")
+    p.add_argument("--save-logits", metavar="BASE.npz", help="save what a later --against needs: per scored token its "
+                   "log-probabilities at f16, 2 bytes per vocabulary entry before deflate (about 400 KB a token for "
+                   "Gemma 3: top-k with the rest's mass would be smaller but undercounts its KL divergence, 6%% at "
+                   "k = 256)")
     p.add_argument("--against", metavar="BASE.npz", help="KL divergence against a base saved by --save-logits")
     p.add_argument("--against-llama-cpp", action="store_true",
                    help="KL divergence against llama.cpp's base on the same tokens and windows, computed in this "
@@ -99,41 +103,42 @@ def run(args: argparse.Namespace) -> int:
     vocab = eval_base.vocab_fingerprint(tok)
     n_vocab = engine.body["config"]["vocab_size"]
     stride = args.stride or 0
-    bases: dict[str, eval_base.Base] = {}
+    bases: dict[str, Any] = {}  # name -> a source of base rows: .take(index, targets), .model
     if args.against:
-        base = eval_base.load(args.against)
-        eval_base.check(base, args.against, ids, ctx, stride, vocab, n_vocab, scored)
-        bases[args.against] = base
+        bases[args.against] = eval_base.open_base(args.against)
+        eval_base.check(bases[args.against], ids, ctx, stride, vocab, n_vocab, scored)
     if args.against_llama_cpp:
         if llama_cpp.available():
-            bases["llama.cpp"] = _llama_cpp_base(engine.model.path, ids, wins, ctx, stride, vocab)
+            bases["llama.cpp"] = _LlamaCppBase(engine.model.path, wins, ctx)
         else:
             print("llama.cpp: not compared (pip install llama-cpp-python to compare)", file=sys.stderr)
+    saving = eval_base.Writer(args.save_logits, ids, ctx, stride, vocab, _describe(engine), scored, n_vocab) \
+        if args.save_logits else None
 
-    nlls, saved = [], []
+    nlls: list[np.ndarray] = []
     compared: dict[str, list[eval_stats.Comparison]] = {name: [] for name in bases}
     evaluated = sum(w.rows for w in wins)
     t0 = time.perf_counter()
     with tqdm(total=scored, desc="scoring", unit="tok", disable=None, file=sys.stderr) as bar:
         for s in score(engine, wins):
-            if args.save_logits:
-                saved.append(eval_stats.summarize(s.logits, s.targets))
-                nlls.append(saved[-1].nll)
+            if saving:
+                rows = eval_stats.summarize(s.logits, s.targets)
+                saving.add(rows)
+                nlls.append(rows.nll)
             else:
                 nlls.append(eval_stats.nll(s.logits, s.targets))
             for name, base in bases.items():
-                compared[name].append(eval_stats.compare(base.rows[s.index], s.logits, s.targets))
+                compared[name].append(eval_stats.compare(base.take(s.index, s.targets), s.logits, s.targets))
             bar.update(len(s.index))
     seconds = time.perf_counter() - t0
-    if args.save_logits:
-        eval_base.save(args.save_logits, eval_base.Base(np.asarray(ids, np.int32), ctx, stride, vocab,
-                                                        _describe(engine), eval_stats.Rows.concat(saved)))
+    if saving:
+        saving.close()
     out: dict[str, Any] = {"text_tokens": len(ids), "windows": len(wins), "ctx": ctx, "stride": args.stride,
                            "scored": scored, "evaluated": evaluated, "seconds": round(seconds, 3),
                            "tok_s": round(evaluated / max(seconds, 1e-9), 1),
                            **eval_stats.perplexity(np.concatenate(nlls))}
-    out["against"] = {name: {"model": bases[name].model} | eval_stats.divergence(
-        _joined(parts), bases[name].rows.nll) for name, parts in compared.items()}
+    out["against"] = {name: {"model": bases[name].model} | eval_stats.divergence(eval_stats.Comparison.concat(parts))
+                      for name, parts in compared.items()}
     if args.json:
         print_json(out)
     else:
@@ -141,26 +146,30 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _joined(parts: list[eval_stats.Comparison]) -> eval_stats.Comparison:
-    return eval_stats.Comparison(*(np.concatenate([getattr(p, f) for p in parts])
-                                   for f in ("kl", "same_top", "p_diff", "nll")))
-
-
 def _describe(engine: Engine) -> str:
     device = engine.header.get("device", {})
     return f"llmplan {os.path.basename(engine.model.path)} on {device.get('backend', '?')}"
 
 
-def _llama_cpp_base(model: str, ids: list[int], wins: list[Window], ctx: int, stride: int,
-                    vocab: str) -> eval_base.Base:
-    """llama.cpp's base on the same windows (fixtures' settings, each window one batch)."""
-    llm = llama_cpp.load(model, ctx, logits_all=True, n_batch=ctx, n_ubatch=ctx)
-    parts = []
-    for w in tqdm(wins, desc="llama.cpp", unit="window", disable=None, file=sys.stderr):
-        rows = llama_cpp.window_logits(llm, w.tokens, w.first)
-        parts.append(eval_stats.summarize(rows, np.asarray(w.targets, np.int32)))
-    return eval_base.Base(np.asarray(ids, np.int32), ctx, stride, vocab, f"llama.cpp {llama_cpp.version()}",
-                          eval_stats.Rows.concat(parts))
+class _LlamaCppBase:
+    """llama.cpp's base rows on the same windows, computed as they are asked for (the fixtures'
+    settings, each window one batch of ctx tokens, as llama-perplexity -b ctx evaluates it)."""
+
+    def __init__(self, model: str, wins: list[Window], ctx: int):
+        self.model = f"llama.cpp {llama_cpp.version()}"
+        self._llm = llama_cpp.load(model, ctx, logits_all=True, n_batch=ctx, n_ubatch=ctx)
+        self._wins, self._starts = wins, np.cumsum([0] + [w.scored for w in wins])
+        self._window, self._rows = -1, None
+
+    def take(self, index: np.ndarray, targets: np.ndarray) -> eval_stats.Rows:
+        parts = []
+        for w in np.unique(np.searchsorted(self._starts, index, side="right") - 1):
+            if w != self._window:
+                self._window = w
+                self._rows = llama_cpp.window_logits(self._llm, self._wins[w].tokens, self._wins[w].first)
+            sel = (index >= self._starts[w]) & (index < self._starts[w + 1])
+            parts.append(eval_stats.summarize(self._rows[index[sel] - self._starts[w]], targets[sel]))
+        return eval_stats.Rows.concat(parts)
 
 
 def _print(out: dict[str, Any], wins: list[Window], args: argparse.Namespace) -> None:

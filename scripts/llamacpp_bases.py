@@ -41,18 +41,18 @@ def main() -> None:
         runs = {flash: llama_cpp.load(str(path), CTX, logits_all=True, n_batch=CTX, n_ubatch=CTX, flash_attn=flash)
                 for flash in (False, True)}
         assert runs[False].tokenize(text.encode("utf-8"), add_bos=True, special=False) == ids, name
-        base, fa = [], []
+        writer = eval_base.Writer(str(DATA / f"llamacpp_base_{name}.npz"), ids, CTX, 0,
+                                  eval_base.vocab_fingerprint(tok), f"llama.cpp {llama_cpp.version()} {path.name}",
+                                  sum(w.scored for w in wins), runs[False].n_vocab())
+        fa = []
         for w in wins:
             targets = np.asarray(w.targets, np.int32)
             rows = eval_stats.summarize(llama_cpp.window_logits(runs[False], w.tokens, w.first), targets)
-            base.append(rows)
+            writer.add(rows)
             fa.append(eval_stats.compare(rows, llama_cpp.window_logits(runs[True], w.tokens, w.first), targets))
-        rows = eval_stats.Rows.concat(base)
-        eval_base.save(str(DATA / f"llamacpp_base_{name}.npz"),
-                       eval_base.Base(np.asarray(ids, np.int32), CTX, 0, eval_base.vocab_fingerprint(tok),
-                                      f"llama.cpp {llama_cpp.version()} {path.name}", rows))
-        d = eval_stats.divergence(eval_stats.Comparison.concat(fa), rows.nll)
-        record[name] = {"ctx": CTX, "chars": CHARS, "tokens": len(rows), "flash_attention_kl_mean": d["kl_mean"],
+        writer.close()
+        d = eval_stats.divergence(eval_stats.Comparison.concat(fa))
+        record[name] = {"ctx": CTX, "chars": CHARS, "tokens": d["tokens"], "flash_attention_kl_mean": d["kl_mean"],
                         "flash_attention_kl_unc": d["kl_unc"], "flash_attention_same_top_pct": d["same_top_pct"]}
         print(name, json.dumps(record[name]))
     (DATA / "llamacpp_kl.json").write_text(json.dumps(

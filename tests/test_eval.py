@@ -7,6 +7,7 @@ import contextlib
 import functools
 import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -141,9 +142,7 @@ def test_perplexity_is_the_interpreters(plan, saved):
                           "seq": np.zeros(CTX, np.int32),  # one page table row per `last` row, as the plan binds them
                           "pages": np.repeat(np.arange(pages_for(64), dtype=np.int32)[None], len(rows), 0),
                           "last": rows.astype(np.int32), "cache": cache})
-        x = out["logits"].astype(np.float64)
-        lp = x - x.max(axis=1, keepdims=True)
-        lp -= np.log(np.exp(lp).sum(axis=1, keepdims=True))
+        lp = _log_softmax(out["logits"])
         nll += list(-lp[np.arange(len(rows)), [ids[start + r + 1] for r in rows]])
     want = float(np.exp(np.mean(nll)))
     d = saved[1]
@@ -165,38 +164,41 @@ def test_text_output_and_gguf_on_the_fly(cli, text, saved, tmp_path, monkeypatch
 
 # --- KL divergence ----------------------------------------------------------------------------
 
+def _log_softmax(x):
+    x = x.astype(np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
 def _kl_full(p_logits, q_logits):
-    def ls(x):
-        x = x.astype(np.float64)
-        x = x - x.max(axis=1, keepdims=True)
-        return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
-    lp, lq = ls(p_logits), ls(q_logits)
+    lp, lq = _log_softmax(p_logits), _log_softmax(q_logits)
     return (np.exp(lp) * (lp - lq)).sum(axis=1)
 
 
-def test_grouped_kl_bounds_the_full_rows():
+def test_kl_is_the_full_rows():
+    """The KL divergence from f16 rows against float64 over the whole vocabulary (f16 rounding moves a
+    row's by a few percent, the mean over rows by far less); the other figures against their definitions."""
     rng = np.random.default_rng(0)
-    p = (rng.standard_normal((40, 300)) * 3).astype(np.float32)
+    p = (rng.standard_normal((400, 300)) * 3).astype(np.float32)
     q = (p + rng.standard_normal(p.shape) * 0.3).astype(np.float32)
-    t = rng.integers(0, 300, 40)
-    full = _kl_full(p, q)
-    exact = eval_stats.compare(eval_stats.summarize(p, t, k=300), q, t)  # every token kept: the full KL
-    assert np.allclose(exact.kl, full, rtol=1e-5, atol=1e-9)
-    grouped = eval_stats.compare(eval_stats.summarize(p, t, k=8), q, t).kl
-    assert (grouped <= full + 1e-9).all() and grouped.mean() > 0.5 * full.mean()
-    base = eval_stats.summarize(p, t, k=8)
-    assert (base.top_ids[:, 0] == p.argmax(axis=1)).all()
-    assert np.allclose(np.exp(base.top_logp.astype(np.float64)).sum(axis=1) + np.exp(base.rest_logp), 1)
+    t = rng.integers(0, 300, 400)
+    base = eval_stats.summarize(p, t)
     c = eval_stats.compare(base, q, t)
+    full = _kl_full(p, q)
+    assert np.allclose(c.kl, full, rtol=0.05) and abs(c.kl.mean() / full.mean() - 1) < 1e-3
+    assert np.array_equal(base.top, p.argmax(axis=1))
     assert np.array_equal(c.same_top, q.argmax(axis=1) == p.argmax(axis=1))
     assert np.allclose(c.p_diff, np.exp(-eval_stats.nll(q, t)) - np.exp(-eval_stats.nll(p, t)))
+    assert np.allclose(base.nll, -_log_softmax(p)[np.arange(400), t])
+    assert (eval_stats.compare(base, p, t).kl == 0).all()
 
 
 def test_divergence_statistics_are_llama_perplexitys():
     rng = np.random.default_rng(1)
     kl = rng.exponential(1e-3, 500)
-    c = eval_stats.Comparison(kl, rng.random(500) < 0.9, rng.standard_normal(500) * 0.01, rng.random(500) + 1)
-    d = eval_stats.divergence(c, rng.random(500) + 1)
+    c = eval_stats.Comparison(kl, rng.random(500) < 0.9, rng.standard_normal(500) * 0.01, rng.random(500) + 1,
+                              rng.random(500) + 1)
+    d = eval_stats.divergence(c)
     assert d["kl_mean"] == pytest.approx(kl.mean()) and d["kl_unc"] == pytest.approx(kl.std() / np.sqrt(499))
     srt = np.sort(kl)
     f = 0.99 * 499  # perplexity.cpp's percentile: linear between the two nearest sorted values
@@ -208,7 +210,8 @@ def test_divergence_statistics_are_llama_perplexitys():
 
 def test_base_against_itself(plan, text, cli, saved, monkeypatch):
     base, first = saved
-    assert eval_base.load(str(base)).rows.top_ids.shape == (first["scored"], eval_stats.TOP_K)
+    opened = eval_base.open_base(str(base))
+    assert len(opened.nll) == first["scored"] and opened.n_vocab == 3000
     monkeypatch.setattr(llama_cpp, "available", lambda: False)  # --against-llama-cpp without llama.cpp
     code, out, err = cli("eval", plan(), "-f", text, "--ctx", CTX, "--against", base, "--against-llama-cpp", "--json")
     assert code == 0 and "llama.cpp: not compared (pip install llama-cpp-python" in err
@@ -316,11 +319,27 @@ def test_bad_bases(plan, text, cli, tmp_path, saved):
     garbage = tmp_path / "garbage.npz"
     garbage.write_bytes(b"PK\x03\x04" + bytes(range(256)) * 4)
     _one_line_error(cli, "eval", plan(), "-f", text, "--ctx", CTX, "--against", garbage, match="not a base file")
-    b = eval_base.load(str(saved))
+    flipped = tmp_path / "flipped.npz"
+    with zipfile.ZipFile(saved) as z, zipfile.ZipFile(flipped, "w") as out:
+        for info in z.infolist():  # stored uncompressed, then one byte of the log-probabilities flipped
+            out.writestr(info.filename, z.read(info), zipfile.ZIP_STORED)
+    with zipfile.ZipFile(flipped) as z:
+        info = z.getinfo("logp.npy")
+        at = info.header_offset + 30 + len(info.filename) + len(info.extra) + info.file_size // 2
+    raw = bytearray(flipped.read_bytes())
+    raw[at] ^= 1
+    flipped.write_bytes(bytes(raw))
+    _one_line_error(cli, "eval", plan(), "-f", text, "--ctx", CTX, "--against", flipped, match="damaged base file")
+    with zipfile.ZipFile(saved) as z, zipfile.ZipFile(tmp_path / "short.npz", "w") as out:
+        for info in z.infolist():  # one token fewer in nll than in logp
+            data = z.read(info)
+            if info.filename == "nll.npy":
+                buf = io.BytesIO()
+                np.save(buf, np.load(io.BytesIO(data))[:-1])
+                data = buf.getvalue()
+            out.writestr(info, data)
+    _one_line_error(cli, "eval", plan(), "-f", text, "--ctx", CTX, "--against", tmp_path / "short.npz",
+                    match="disagree")
     wrong = tmp_path / "wrong.npz"
-    np.savez(wrong, **{"format": np.array(eval_base.FORMAT), "tokens": b.tokens, "ctx": np.array(b.ctx),
-                       "stride": np.array(0), "vocab": np.array(b.vocab), "model": np.array("x"), "nll": b.rows.nll,
-                       "top_ids": b.rows.top_ids[:-1], "top_logp": b.rows.top_logp, "rest_logp": b.rows.rest_logp})
-    _one_line_error(cli, "eval", plan(), "-f", text, "--ctx", CTX, "--against", wrong, match="disagree in length")
-    np.savez(wrong, tokens=b.tokens)
+    np.savez(wrong, tokens=np.zeros(3, np.int32))
     _one_line_error(cli, "eval", plan(), "-f", text, "--ctx", CTX, "--against", wrong, match="no format")
