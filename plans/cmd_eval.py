@@ -74,8 +74,10 @@ def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
                              f"(plan compile {plan} --device TARGET)")
         from .compile import DEFAULT_CHUNK, plan_for
 
-        # a step's scored rows leave it through `last`, bounded by max_seqs: as many as its rows; the
-        # context holds a chunk at least (plan_for's chunk is DEFAULT_CHUNK)
+        # a step's scored rows leave it through `last`, bounded by max_seqs: as many as its rows, so
+        # they share one pass over the output head (Gemma 3, 64 rows: 2-3x faster than 64 one-row
+        # steps, for an arena of 257 MiB instead of 5 MiB); the context holds a chunk at least
+        # (plan_for's chunk is DEFAULT_CHUNK)
         plan = plan_for(plan, max(args.ctx or DEFAULT_CTX, DEFAULT_CHUNK), max_seqs=DEFAULT_CHUNK)
     limits = read_header(plan)[0]["limits"]
     ctx = args.ctx or min(DEFAULT_CTX, limits["ctx"])
