@@ -10,7 +10,8 @@ import sys
 from llmplan.core.errors import InputError
 
 # Each name is a module plans/cmd_<name>.py exposing register(subparsers); the order is --help's.
-COMMANDS = ["info", "make_model", "compile", "tune", "run", "serve", "inspect", "tokenize", "detokenize", "chat_template", "ir", "passes"]
+COMMANDS = ["info", "make_model", "compile", "tune", "run", "eval", "serve", "inspect", "tokenize", "detokenize",
+            "chat_template", "ir", "passes"]
 
 
 class _Parser(argparse.ArgumentParser):

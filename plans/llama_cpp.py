@@ -24,6 +24,12 @@ def load(model: str, n_ctx: int, **settings: Any):
     return llama_cpp.Llama(model, verbose=False, **(opts | settings))
 
 
+def version() -> str:
+    import llama_cpp
+
+    return llama_cpp.__version__
+
+
 def _threads() -> int:
     return len(os.sched_getaffinity(0))
 
@@ -34,6 +40,14 @@ def last_logits(llm) -> np.ndarray:
     import llama_cpp
 
     return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(llm._ctx.ctx, -1), shape=(llm.n_vocab(),)).copy()
+
+
+def window_logits(llm, tokens: list[int], first: int) -> np.ndarray:
+    """The logits rows first .. len(tokens) - 2 of `tokens` evaluated from an empty cache (the model
+    loaded with logits_all=True), as llama-perplexity reads one window's; a view, valid until llm evaluates again."""
+    llm.reset()
+    llm.eval(tokens)
+    return np.asarray(llm.scores[first:len(tokens) - 1], np.float32)
 
 
 def greedy(llm, ids: list[int], n: int) -> tuple[np.ndarray, list[int]]:

@@ -37,6 +37,18 @@ def llama_cpp_bound(name: str) -> float:
     return max(1e-3, *runs["flash attention"]["nmse"], *runs["ubatch 1"]["nmse"])
 
 
+# llama.cpp's recorded base per tiny fixture (a plan eval base over the first `chars` characters of
+# tests/data/alice_ch1-3.txt, windows of `ctx`) and its own flash-attention run's KL divergence from
+# it, by scripts/llamacpp_bases.py.
+LLAMA_CPP_KL = json.loads((Path(__file__).parent / "data" / "llamacpp_kl.json").read_text())["models"]
+
+
+def llama_cpp_kl_bound(name: str) -> float:
+    """The mean KL divergence from llama.cpp's recorded base a model's run must stay under: twice what
+    llama.cpp's own flash-attention run has (docs/numerics.md says why KL, and why twice)."""
+    return 2 * LLAMA_CPP_KL[name]["flash_attention_kl_mean"]
+
+
 def pytest_addoption(parser):
     parser.addoption("--update-goldens", action="store_true", help="rewrite golden files instead of comparing")
 
