@@ -1,0 +1,231 @@
+// unpack.h: a weight row's blocks (read in place through quant.cuh's LpWeight<F>, LP_BLOCKS) as the
+// SIMD engines of matmul.h take them: whole bytes, one per value, and plain scales. A task unpacks its
+// rows once (one pass over the weight bytes) and its register tiles reuse them for every activation row.
+//
+// Kind A (the 32-value formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): q[k] int8, the value's integer as the
+// dequantizer has it (q - 8, q - 16, the int8 itself) or, for the formats with a min, the unsigned q;
+// dw[k/32] = d and mw[k/32] = m as float.
+// Kind B (the K-quants): u[k] the value's unsigned integer (Q2_K 0..3, Q3_K 0..7, Q4_K 0..15, Q5_K
+// 0..31, Q6_K 0..63); per 32 values, scx = 16 int16 (8 copies of the scale of the first 16 values, 8
+// of the second: vpmaddwd's pairs); aux[k/16] int16; d, da [k/256] float. The value is
+// d * sc * u - (d * aux, OFF formats; da * aux, MIN formats) per 16-value sub-block:
+//   Q2_K: sc = scales & 15, aux = scales >> 4 (min), da = dmin      (MIN)
+//   Q3_K: sc = the signed 6-bit scale, u = low 2 bits | mask bit << 2, aux = 4 sc, da = d  (OFF)
+//   Q4_K, Q5_K: sc, aux = the 6-bit scale and min of each 32 values (common.cuh lp_k_scale_min), da = dmin  (MIN)
+//   Q6_K: sc = the int8 scale, aux = 32 sc, da = d  (OFF)
+// Bit positions follow quant.cuh's comments (and core/formats.py): Q2_K value 128G + 32s + i is bits 2s
+// of qs[32G + i]; Q3_K's mask bit of value v is bit v / 32 of hmask[v % 32]; Q4_K value 64g + 32h + i is
+// nibble h of qs[32g + i], Q5_K's bit 4 bit v / 32 of qh[v % 32]; Q6_K value 128G + r is nibble r / 64
+// of ql[64G + r % 64] with bits 2 (r / 32) of qh[32G + r % 32] as bits 4..5. The loops are plain C++
+// over whole 32-byte groups, which the compiler turns into vector code for the SIMD paths.
+#pragma once
+#include <vector>
+
+#include "quant.cuh"
+
+namespace lp_cpu {
+
+enum { UNPACK_A, UNPACK_B };
+
+// unpacked rows [r0, r1) of one task
+struct UnpackedA {
+  std::vector<int8_t> qv;
+  std::vector<float> dv, mv;
+  int k = 0, base = 0;
+  void reset(int r0, int r1, int k_) {
+    k = k_, base = r0;
+    qv.resize((size_t)(r1 - r0) * k);
+    dv.resize((size_t)(r1 - r0) * (k / 32));
+    mv.resize((size_t)(r1 - r0) * (k / 32));
+  }
+  int8_t* q(int row) { return qv.data() + (size_t)(row - base) * k; }
+  float* dw(int row) { return dv.data() + (size_t)(row - base) * (k / 32); }
+  float* mw(int row) { return mv.data() + (size_t)(row - base) * (k / 32); }
+  const int8_t* q(int row) const { return qv.data() + (size_t)(row - base) * k; }
+  const float* dw(int row) const { return dv.data() + (size_t)(row - base) * (k / 32); }
+  const float* mw(int row) const { return mv.data() + (size_t)(row - base) * (k / 32); }
+};
+
+struct UnpackedB {
+  std::vector<uint8_t> uv;
+  std::vector<int16_t> sv, av;
+  std::vector<float> dv, dav;
+  int k = 0, base = 0;
+  void reset(int r0, int r1, int k_) {
+    k = k_, base = r0;
+    const size_t n = r1 - r0;
+    uv.resize(n * k);
+    sv.resize(n * (k / 2));
+    av.resize(n * (k / 16));
+    dv.resize(n * (k / 256));
+    dav.resize(n * (k / 256));
+  }
+  uint8_t* u(int row) { return uv.data() + (size_t)(row - base) * k; }
+  int16_t* scx(int row) { return sv.data() + (size_t)(row - base) * (k / 2); }
+  int16_t* aux(int row) { return av.data() + (size_t)(row - base) * (k / 16); }
+  float* d(int row) { return dv.data() + (size_t)(row - base) * (k / 256); }
+  float* da(int row) { return dav.data() + (size_t)(row - base) * (k / 256); }
+  const uint8_t* u(int row) const { return uv.data() + (size_t)(row - base) * k; }
+  const int16_t* scx(int row) const { return sv.data() + (size_t)(row - base) * (k / 2); }
+  const int16_t* aux(int row) const { return av.data() + (size_t)(row - base) * (k / 16); }
+  const float* d(int row) const { return dv.data() + (size_t)(row - base) * (k / 256); }
+  const float* da(int row) const { return dav.data() + (size_t)(row - base) * (k / 256); }
+};
+
+// per-16-value scales and aux of one super-block into the row's scx / aux at super-block sb
+inline void put_scales(UnpackedB& u, int row, int sb, const int (&sc)[16], const int (&aux)[16]) {
+  int16_t* scx = u.scx(row) + 128 * sb;
+  int16_t* ax = u.aux(row) + 16 * sb;
+  for (int j = 0; j < 16; ++j) {
+    for (int t = 0; t < 8; ++t) scx[8 * j + t] = (int16_t)sc[j];
+    ax[j] = (int16_t)aux[j];
+  }
+}
+
+template <int F> struct Unpack;
+
+template <> struct Unpack<LP_FMT_Q8_0> {
+  static constexpr int KIND = UNPACK_A;
+  static constexpr bool SIGNED = true, MIN = false;
+  static void row(const LpWeight<LP_FMT_Q8_0>& w, int row, UnpackedA& u) {
+    int8_t* q = u.q(row);
+    for (int b = 0; b < w.nb; ++b) {
+      const size_t blk = (size_t)row * w.nb + b;
+      __builtin_memcpy(q + 32 * b, w.qs.at(blk), 32);
+      u.dw(row)[b] = lp_h2f(w.d[blk]);
+    }
+  }
+};
+
+template <bool HI, bool MN> struct Unpack32 {
+  static constexpr int KIND = UNPACK_A;
+  static constexpr bool SIGNED = !MN, MIN = MN;
+  static void row(const LpWeight32<HI, MN>& w, int row, UnpackedA& u) {
+    constexpr int OFF = LpWeight32<HI, MN>::OFFSET;
+    int8_t* q = u.q(row);
+    for (int b = 0; b < w.nb; ++b) {
+      const size_t blk = (size_t)row * w.nb + b;
+      const uint8_t* qs = w.qs.at(blk);
+      const uint32_t h = HI ? w.qh[blk] : 0u;
+      int8_t* o = q + 32 * b;
+      for (int j = 0; j < 16; ++j) {
+        int lo = qs[j] & 0xF, hi = qs[j] >> 4;
+        if constexpr (HI) {
+          lo |= ((h >> j) & 1) << 4;
+          hi |= ((h >> (j + 16)) & 1) << 4;
+        }
+        o[j] = (int8_t)(lo - OFF);
+        o[j + 16] = (int8_t)(hi - OFF);
+      }
+      u.dw(row)[b] = lp_h2f(w.d[blk]);
+      if constexpr (MN) u.mw(row)[b] = lp_h2f(w.m[blk]);
+    }
+  }
+};
+template <> struct Unpack<LP_FMT_Q4_0> : Unpack32<false, false> {};
+template <> struct Unpack<LP_FMT_Q4_1> : Unpack32<false, true> {};
+template <> struct Unpack<LP_FMT_Q5_0> : Unpack32<true, false> {};
+template <> struct Unpack<LP_FMT_Q5_1> : Unpack32<true, true> {};
+
+template <> struct Unpack<LP_FMT_Q2_K> {
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = true;
+  static void row(const LpWeight<LP_FMT_Q2_K>& w, int row, UnpackedB& u) {
+    for (int sb = 0; sb < w.nb; ++sb) {
+      const size_t blk = (size_t)row * w.nb + sb;
+      const uint8_t* qs = w.qs.at(blk);
+      uint8_t* o = u.u(row) + 256 * sb;
+      for (int G = 0; G < 2; ++G)
+        for (int s = 0; s < 4; ++s)
+          for (int i = 0; i < 32; ++i) o[128 * G + 32 * s + i] = (qs[32 * G + i] >> (2 * s)) & 3;
+      int sc[16], mn[16];
+      for (int j = 0; j < 16; ++j) {
+        const int v = w.scales.at(blk)[j];
+        sc[j] = v & 0xF;
+        mn[j] = v >> 4;
+      }
+      put_scales(u, row, sb, sc, mn);
+      u.d(row)[sb] = lp_h2f(w.d[blk]);
+      u.da(row)[sb] = lp_h2f(w.dmin[blk]);
+    }
+  }
+};
+
+template <> struct Unpack<LP_FMT_Q3_K> {
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = false;
+  static void row(const LpWeight<LP_FMT_Q3_K>& w, int row, UnpackedB& u) {
+    for (int sb = 0; sb < w.nb; ++sb) {
+      const size_t blk = (size_t)row * w.nb + sb;
+      const uint8_t* qs = w.qs.at(blk);
+      const uint8_t* hm = w.hmask.at(blk);
+      uint8_t* o = u.u(row) + 256 * sb;
+      for (int G = 0; G < 2; ++G)
+        for (int s = 0; s < 4; ++s)
+          for (int i = 0; i < 32; ++i)
+            o[128 * G + 32 * s + i] = ((qs[32 * G + i] >> (2 * s)) & 3) | (((hm[i] >> (4 * G + s)) & 1) << 2);
+      int sc[16], off[16];
+      for (int j = 0; j < 16; ++j) {
+        sc[j] = lp_q3k_scale(LpScaleBytes{w.scales.at(blk)}, j);
+        off[j] = 4 * sc[j];
+      }
+      put_scales(u, row, sb, sc, off);
+      u.d(row)[sb] = u.da(row)[sb] = lp_h2f(w.d[blk]);
+    }
+  }
+};
+
+template <bool Q5> struct UnpackK45 {
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = true;
+  static void row(const LpWeightK45<Q5>& w, int row, UnpackedB& u) {
+    for (int sb = 0; sb < w.nb; ++sb) {
+      const size_t blk = (size_t)row * w.nb + sb;
+      const uint8_t* qs = w.qs.at(blk);
+      uint8_t* o = u.u(row) + 256 * sb;
+      for (int g = 0; g < 4; ++g)
+        for (int h = 0; h < 2; ++h)
+          for (int i = 0; i < 32; ++i) {
+            int v = (qs[32 * g + i] >> (4 * h)) & 0xF;
+            if constexpr (Q5) v |= ((w.qh.at(blk)[i] >> (2 * g + h)) & 1) << 4;
+            o[64 * g + 32 * h + i] = (uint8_t)v;
+          }
+      int sc[16], mn[16];
+      for (int j = 0; j < 8; ++j) {
+        lp_k_scale_min(LpScaleBytes{w.scales.at(blk)}, j, sc[2 * j], mn[2 * j]);
+        sc[2 * j + 1] = sc[2 * j];
+        mn[2 * j + 1] = mn[2 * j];
+      }
+      put_scales(u, row, sb, sc, mn);
+      u.d(row)[sb] = lp_h2f(w.d[blk]);
+      u.da(row)[sb] = lp_h2f(w.dmin[blk]);
+    }
+  }
+};
+template <> struct Unpack<LP_FMT_Q4_K> : UnpackK45<false> {};
+template <> struct Unpack<LP_FMT_Q5_K> : UnpackK45<true> {};
+
+template <> struct Unpack<LP_FMT_Q6_K> {
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = false;
+  static void row(const LpWeight<LP_FMT_Q6_K>& w, int row, UnpackedB& u) {
+    for (int sb = 0; sb < w.nb; ++sb) {
+      const size_t blk = (size_t)row * w.nb + sb;
+      const uint8_t* ql = w.ql.at(blk);
+      const uint8_t* qh = w.qh.at(blk);
+      uint8_t* o = u.u(row) + 256 * sb;
+      for (int G = 0; G < 2; ++G)
+        for (int r = 0; r < 128; ++r)
+          o[128 * G + r] = ((ql[64 * G + r % 64] >> (4 * (r / 64))) & 0xF) | (((qh[32 * G + r % 32] >> (2 * (r / 32))) & 3) << 4);
+      int sc[16], off[16];
+      for (int j = 0; j < 16; ++j) {
+        sc[j] = w.scales.at(blk)[j];
+        off[j] = 32 * sc[j];
+      }
+      put_scales(u, row, sb, sc, off);
+      u.d(row)[sb] = u.da(row)[sb] = lp_h2f(w.d[blk]);
+    }
+  }
+};
+
+}  // namespace lp_cpu
