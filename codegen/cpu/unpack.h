@@ -16,13 +16,16 @@
 // Bit positions follow quant.cuh's comments (and core/formats.py): Q2_K value 128G + 32s + i is bits 2s
 // of qs[32G + i]; Q3_K's mask bit of value v is bit v / 32 of hmask[v % 32]; Q4_K value 64g + 32h + i is
 // nibble h of qs[32g + i], Q5_K's bit 4 bit v / 32 of qh[v % 32]; Q6_K value 128G + r is nibble r / 64
-// of ql[64G + r % 64] with bits 2 (r / 32) of qh[32G + r % 32] as bits 4..5. The loops are plain C++
-// over whole 32-byte groups, which the compiler turns into vector code for the SIMD paths.
+// of ql[64G + r % 64] with bits 2 (r / 32) of qh[32G + r % 32] as bits 4..5. Whole 32-byte groups at a
+// time with AVX2 byte operations (16-bit shifts whose spill into the neighbouring byte the masks remove);
+// only the SIMD paths unpack (the scalar path reads the blocks through quant.cuh's dot).
 #pragma once
 #include <vector>
 
 #include "quant.cuh"
+#include "simd.h"
 
+#if LP_CPU_ISA >= 1
 namespace lp_cpu {
 
 enum { UNPACK_A, UNPACK_B };
@@ -77,9 +80,27 @@ inline void put_scales(UnpackedB& u, int row, int sb, const int (&sc)[16], const
   int16_t* scx = u.scx(row) + 128 * sb;
   int16_t* ax = u.aux(row) + 16 * sb;
   for (int j = 0; j < 16; ++j) {
-    for (int t = 0; t < 8; ++t) scx[8 * j + t] = (int16_t)sc[j];
+    _mm_storeu_si128((__m128i*)(scx + 8 * j), _mm_set1_epi16((int16_t)sc[j]));
     ax[j] = (int16_t)aux[j];
   }
+}
+
+inline void store32(void* p, __m256i v) { _mm256_storeu_si256((__m256i*)p, v); }
+inline __m256i bytes(int v) { return _mm256_set1_epi8((char)v); }
+
+// byte j of the result is 0xFF where bit j of x is set
+inline __m256i bits_to_bytes(uint32_t x) {
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x),
+                                             _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202,
+                                                                0x0303030303030303));
+  const __m256i others = _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe);  // every bit but the byte's own
+  return _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi64x(-1));
+}
+
+// bit b of each byte of v moved to bit `to` (b, to < 8), every other bit clear
+inline __m256i bit_to(__m256i v, int b, int to) {
+  const __m256i moved = b >= to ? _mm256_srli_epi16(v, b - to) : _mm256_slli_epi16(v, to - b);
+  return _mm256_and_si256(moved, bytes(1 << to));
 }
 
 template <int F> struct Unpack;
@@ -91,7 +112,7 @@ template <> struct Unpack<LP_FMT_Q8_0> {
     int8_t* q = u.q(row);
     for (int b = 0; b < w.nb; ++b) {
       const size_t blk = (size_t)row * w.nb + b;
-      __builtin_memcpy(q + 32 * b, w.qs.at(blk), 32);
+      store32(q + 32 * b, load32(w.qs.at(blk)));
       u.dw(row)[b] = lp_h2f(w.d[blk]);
     }
   }
@@ -105,18 +126,11 @@ template <bool HI, bool MN> struct Unpack32 {
     int8_t* q = u.q(row);
     for (int b = 0; b < w.nb; ++b) {
       const size_t blk = (size_t)row * w.nb + b;
-      const uint8_t* qs = w.qs.at(blk);
-      const uint32_t h = HI ? w.qh[blk] : 0u;
-      int8_t* o = q + 32 * b;
-      for (int j = 0; j < 16; ++j) {
-        int lo = qs[j] & 0xF, hi = qs[j] >> 4;
-        if constexpr (HI) {
-          lo |= ((h >> j) & 1) << 4;
-          hi |= ((h >> (j + 16)) & 1) << 4;
-        }
-        o[j] = (int8_t)(lo - OFF);
-        o[j + 16] = (int8_t)(hi - OFF);
-      }
+      const __m128i qs = _mm_loadu_si128((const __m128i*)w.qs.at(blk));
+      __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), bytes(0xF));  // values 0..15, 16..31
+      if constexpr (HI) v = _mm256_or_si256(v, _mm256_and_si256(bits_to_bytes(w.qh[blk]), bytes(0x10)));
+      if constexpr (OFF != 0) v = _mm256_sub_epi8(v, bytes(OFF));
+      store32(q + 32 * b, v);
       u.dw(row)[b] = lp_h2f(w.d[blk]);
       if constexpr (MN) u.mw(row)[b] = lp_h2f(w.m[blk]);
     }
@@ -135,9 +149,10 @@ template <> struct Unpack<LP_FMT_Q2_K> {
       const size_t blk = (size_t)row * w.nb + sb;
       const uint8_t* qs = w.qs.at(blk);
       uint8_t* o = u.u(row) + 256 * sb;
-      for (int G = 0; G < 2; ++G)
-        for (int s = 0; s < 4; ++s)
-          for (int i = 0; i < 32; ++i) o[128 * G + 32 * s + i] = (qs[32 * G + i] >> (2 * s)) & 3;
+      for (int G = 0; G < 2; ++G) {
+        const __m256i q = load32(qs + 32 * G);
+        for (int s = 0; s < 4; ++s) store32(o + 128 * G + 32 * s, _mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)));
+      }
       int sc[16], mn[16];
       for (int j = 0; j < 16; ++j) {
         const int v = w.scales.at(blk)[j];
@@ -160,10 +175,13 @@ template <> struct Unpack<LP_FMT_Q3_K> {
       const uint8_t* qs = w.qs.at(blk);
       const uint8_t* hm = w.hmask.at(blk);
       uint8_t* o = u.u(row) + 256 * sb;
-      for (int G = 0; G < 2; ++G)
+      const __m256i m = load32(hm);
+      for (int G = 0; G < 2; ++G) {
+        const __m256i q = load32(qs + 32 * G);
         for (int s = 0; s < 4; ++s)
-          for (int i = 0; i < 32; ++i)
-            o[128 * G + 32 * s + i] = ((qs[32 * G + i] >> (2 * s)) & 3) | (((hm[i] >> (4 * G + s)) & 1) << 2);
+          store32(o + 128 * G + 32 * s,
+                  _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 2 * s), bytes(3)), bit_to(m, 4 * G + s, 2)));
+      }
       int sc[16], off[16];
       for (int j = 0; j < 16; ++j) {
         sc[j] = lp_q3k_scale(LpScaleBytes{w.scales.at(blk)}, j);
@@ -183,13 +201,15 @@ template <bool Q5> struct UnpackK45 {
       const size_t blk = (size_t)row * w.nb + sb;
       const uint8_t* qs = w.qs.at(blk);
       uint8_t* o = u.u(row) + 256 * sb;
-      for (int g = 0; g < 4; ++g)
-        for (int h = 0; h < 2; ++h)
-          for (int i = 0; i < 32; ++i) {
-            int v = (qs[32 * g + i] >> (4 * h)) & 0xF;
-            if constexpr (Q5) v |= ((w.qh.at(blk)[i] >> (2 * g + h)) & 1) << 4;
-            o[64 * g + 32 * h + i] = (uint8_t)v;
-          }
+      const __m256i qh = Q5 ? load32(w.qh.at(blk)) : _mm256_setzero_si256();
+      for (int g = 0; g < 4; ++g) {
+        const __m256i q = load32(qs + 32 * g);
+        for (int h = 0; h < 2; ++h) {
+          __m256i v = _mm256_and_si256(h ? _mm256_srli_epi16(q, 4) : q, bytes(0xF));
+          if constexpr (Q5) v = _mm256_or_si256(v, bit_to(qh, 2 * g + h, 4));
+          store32(o + 64 * g + 32 * h, v);
+        }
+      }
       int sc[16], mn[16];
       for (int j = 0; j < 8; ++j) {
         lp_k_scale_min(LpScaleBytes{w.scales.at(blk)}, j, sc[2 * j], mn[2 * j]);
@@ -214,9 +234,16 @@ template <> struct Unpack<LP_FMT_Q6_K> {
       const uint8_t* ql = w.ql.at(blk);
       const uint8_t* qh = w.qh.at(blk);
       uint8_t* o = u.u(row) + 256 * sb;
-      for (int G = 0; G < 2; ++G)
-        for (int r = 0; r < 128; ++r)
-          o[128 * G + r] = ((ql[64 * G + r % 64] >> (4 * (r / 64))) & 0xF) | (((qh[32 * G + r % 32] >> (2 * (r / 32))) & 3) << 4);
+      for (int G = 0; G < 2; ++G) {
+        const __m256i a = load32(ql + 64 * G), b = load32(ql + 64 * G + 32), h = load32(qh + 32 * G);
+        const __m256i m4 = bytes(0xF), m30 = bytes(0x30);
+        uint8_t* og = o + 128 * G;  // r / 32 = 0..3: low nibbles of a, b, high nibbles of a, b; qh bits 2 (r / 32)
+        store32(og, _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16(h, 4), m30)));
+        store32(og + 32, _mm256_or_si256(_mm256_and_si256(b, m4), _mm256_and_si256(_mm256_slli_epi16(h, 2), m30)));
+        store32(og + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), m4), _mm256_and_si256(h, m30)));
+        store32(og + 96, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4),
+                                         _mm256_and_si256(_mm256_srli_epi16(h, 2), m30)));
+      }
       int sc[16], off[16];
       for (int j = 0; j < 16; ++j) {
         sc[j] = w.scales.at(blk)[j];
@@ -229,3 +256,4 @@ template <> struct Unpack<LP_FMT_Q6_K> {
 };
 
 }  // namespace lp_cpu
+#endif

@@ -2,7 +2,8 @@
 // codegen/cpu/host.h): 16-byte loads and stores, f16 bits as floats, float
 // operations never contracted into an FMA (where a kernel promises NumPy's float32 operation order),
 // the byte tricks that turn packed quants into int8 operands of lp_dot4, the K-quants' packed scales
-// (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing,
+// (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing, the
+// argmax order of the fused tails,
 // field planes of packed activations, block reductions, and packing a row to 8-bit blocks with
 // exactly the CPU twins' rounding (core/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
 // scale and round half to even; q8_k takes the signed max of 256 values, iscale = -127/max,
@@ -126,6 +127,23 @@ __device__ __forceinline__ size_t lp_kv_plane(int layer, int kv, int blocks, int
 __device__ __forceinline__ size_t lp_kv_row(int block, int offset, int kv_dim) {
   return (size_t)((unsigned)block * LP_PAGE + (unsigned)offset) * (unsigned)kv_dim;
 }
+
+// A (logit, index) pair in np.argmax's order: the largest value, a NaN before any number, the lower
+// index on ties; a total order, so how the candidates are split cannot change the winner (the GPU and
+// CPU tails).
+struct LpBest {
+  float v;
+  int i;
+};
+
+// does (v, i) come before (bv, bi) in np.argmax's order?
+__device__ __forceinline__ bool lp_better(float v, int i, float bv, int bi) {
+  const bool nan = v != v, bnan = bv != bv;
+  if (nan || bnan) return nan && (!bnan || i < bi);
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ LpBest lp_no_best() { return {-__builtin_huge_valf(), 0x7fffffff}; }
 
 // Planes start on 256-byte boundaries (core/formats.py PLANE_ALIGN).
 __device__ __forceinline__ size_t lp_align(size_t n) { return (n + 255) & ~(size_t)255; }
