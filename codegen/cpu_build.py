@@ -9,8 +9,9 @@ host has them (host_isas); best_isa() is what a plan for this machine uses.
 
 CpuLibrary.launch(launch, bind, dims) runs a codegen Launch record of a CPU family
 (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
-other argument through bind(ref) -> a C-contiguous NumPy array. Each launch is one call; the kernel
-splits its work over the library's thread pool (set_threads).
+other argument through bind(ref) -> a C-contiguous NumPy array; CpuLibrary.bind does the binding once,
+for a driver whose buffers stay at fixed addresses. Each launch is one call; the kernel splits its work
+over the library's thread pool (set_threads).
 """
 
 from __future__ import annotations
@@ -113,7 +114,10 @@ class CpuLibrary:
     def threads(self) -> int:
         return int(self.lib.lp_cpu_threads())
 
-    def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
+    def bind(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray],
+             dims: dict[str, int]) -> tuple[Callable[..., None], tuple, list[np.ndarray]]:
+        """(the entry point, its argument values, the arrays they point into) for a launch: a driver that
+        keeps buffers at fixed addresses binds a launch once and calls fn(*values) every step."""
         k = launch.kernel
         types = self._types[k.name]
         assert len(types) == len(launch.args), f"{k.name}: {len(types)} parameters, {len(launch.args)} arguments"
@@ -128,4 +132,8 @@ class CpuLibrary:
                 assert isinstance(arr, np.ndarray) and arr.flags.c_contiguous, (k.name, arg)
                 keep.append(arr)
                 values.append(arr.ctypes.data)
-        getattr(self.lib, k.name)(*values)
+        return getattr(self.lib, k.name), tuple(values), keep
+
+    def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
+        fn, values, _ = self.bind(launch, bind, dims)
+        fn(*values)

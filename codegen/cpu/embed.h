@@ -9,7 +9,7 @@
 namespace lp_cpu {
 
 template <int F> inline void embed(const void* table, const int* tokens, float* out, int rows, int vocab, int k) {
-  const LpWeight<F> w(table, vocab, k, LP_BLOCKS);
+  const LpWeight<F, LP_BLOCKS> w(table, vocab, k);
   over_rows(rows, k, [&](int r0, int r1) {
     for (int r = r0; r < r1; ++r) {
       const int tok = tokens[r];

@@ -5,7 +5,7 @@
 // the weight's quantized values with the packed 8-bit activations (q8_0 / q8_1 / q8_k, field planes as
 // in the arena: common.cuh lp_q8_rows), the per-block scales applied in float; f16 / bf16 / f32
 // weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
-// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F> with LP_BLOCKS).
+// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>).
 //
 // Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
 // gate|up are one launch); pool.h hands tasks to threads as they come free, so each thread streams
@@ -89,7 +89,7 @@ constexpr int SCALAR_COLUMNS = 4;
 // weight), in order, one float sum: the whole row for f32 / bf16 weights (quant.cuh has no dot for
 // them), the k % 8 values past the last 8-value piece for f16
 template <int F>
-inline float value_dot(const LpWeight<F>& w, size_t row, const void* x, int col, int k, int i0) {
+inline float value_dot(const LpWeight<F, LP_BLOCKS>& w, size_t row, const void* x, int col, int k, int i0) {
   float acc = 0.0f;
   for (int i = i0; i < k; ++i) {
     const size_t at = (size_t)col * k + i;
@@ -102,7 +102,7 @@ inline float value_dot(const LpWeight<F>& w, size_t row, const void* x, int col,
 }
 
 template <int F, class Out>
-inline void rows_scalar(const LpWeight<F>& w, int r0, int r1, const Acts& a, Out& out) {
+inline void rows_scalar(const LpWeight<F, LP_BLOCKS>& w, int r0, int r1, const Acts& a, Out& out) {
   for (int row = r0; row < r1; ++row) {
     if constexpr (F == LP_FMT_F32 || F == LP_FMT_BF16) {
       for (int c = 0; c < a.rows; ++c) out(row, c, value_dot<F>(w, row, a.base, c, a.k, 0));
@@ -274,7 +274,7 @@ inline void tiles(int r0, int r1, const Acts& a, Tile tile, Out& out) {
 
 // weight rows [r0, r1) of w against every activation row; out(row, col, value)
 template <int F, class Out>
-inline void rows_simd(const LpWeight<F>& w, const void* raw, int r0, int r1, const Acts& a, Out& out) {
+inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, int r1, const Acts& a, Out& out) {
   if constexpr (F == LP_FMT_F32 || F == LP_FMT_F16 || F == LP_FMT_BF16) {
     tiles<RT_V, CT_V>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
       tile_v<F, RT, CT>((const char*)raw, rr, a, c0, v);
@@ -300,7 +300,7 @@ inline void rows_simd(const LpWeight<F>& w, const void* raw, int r0, int r1, con
 // weight rows [r0, r1) of a weight in format F (rows n, row length a.k) against every activation row
 template <int F, class Out>
 inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, Out& out) {
-  const LpWeight<F> w(raw, n, a.k, LP_BLOCKS);
+  const LpWeight<F, LP_BLOCKS> w(raw, n, a.k);
 #if LP_CPU_ISA >= 1
   rows_simd<F>(w, raw, r0, r1, a, out);
 #else

@@ -1,4 +1,4 @@
-// unpack.h: a weight row's blocks (read in place through quant.cuh's LpWeight<F>, LP_BLOCKS) as the
+// unpack.h: a weight row's blocks (read in place through quant.cuh's LpWeight<F, LP_BLOCKS>) as the
 // SIMD engines of matmul.h take them: whole bytes, one per value, and plain scales. A task unpacks its
 // rows once (one pass over the weight bytes) and its register tiles reuse them for every activation row.
 //
@@ -108,7 +108,7 @@ template <int F> struct Unpack;
 template <> struct Unpack<LP_FMT_Q8_0> {
   static constexpr int KIND = UNPACK_A;
   static constexpr bool SIGNED = true, MIN = false;
-  static void row(const LpWeight<LP_FMT_Q8_0>& w, int row, UnpackedA& u) {
+  static void row(const LpWeight<LP_FMT_Q8_0, LP_BLOCKS>& w, int row, UnpackedA& u) {
     int8_t* q = u.q(row);
     for (int b = 0; b < w.nb; ++b) {
       const size_t blk = (size_t)row * w.nb + b;
@@ -121,8 +121,8 @@ template <> struct Unpack<LP_FMT_Q8_0> {
 template <bool HI, bool MN> struct Unpack32 {
   static constexpr int KIND = UNPACK_A;
   static constexpr bool SIGNED = !MN, MIN = MN;
-  static void row(const LpWeight32<HI, MN>& w, int row, UnpackedA& u) {
-    constexpr int OFF = LpWeight32<HI, MN>::OFFSET;
+  static void row(const LpWeight32<HI, MN, LP_BLOCKS>& w, int row, UnpackedA& u) {
+    constexpr int OFF = LpWeight32<HI, MN, LP_BLOCKS>::OFFSET;
     int8_t* q = u.q(row);
     for (int b = 0; b < w.nb; ++b) {
       const size_t blk = (size_t)row * w.nb + b;
@@ -144,7 +144,7 @@ template <> struct Unpack<LP_FMT_Q5_1> : Unpack32<true, true> {};
 template <> struct Unpack<LP_FMT_Q2_K> {
   static constexpr int KIND = UNPACK_B;
   static constexpr bool MIN = true;
-  static void row(const LpWeight<LP_FMT_Q2_K>& w, int row, UnpackedB& u) {
+  static void row(const LpWeight<LP_FMT_Q2_K, LP_BLOCKS>& w, int row, UnpackedB& u) {
     for (int sb = 0; sb < w.nb; ++sb) {
       const size_t blk = (size_t)row * w.nb + sb;
       const uint8_t* qs = w.qs.at(blk);
@@ -169,7 +169,7 @@ template <> struct Unpack<LP_FMT_Q2_K> {
 template <> struct Unpack<LP_FMT_Q3_K> {
   static constexpr int KIND = UNPACK_B;
   static constexpr bool MIN = false;
-  static void row(const LpWeight<LP_FMT_Q3_K>& w, int row, UnpackedB& u) {
+  static void row(const LpWeight<LP_FMT_Q3_K, LP_BLOCKS>& w, int row, UnpackedB& u) {
     for (int sb = 0; sb < w.nb; ++sb) {
       const size_t blk = (size_t)row * w.nb + sb;
       const uint8_t* qs = w.qs.at(blk);
@@ -196,7 +196,7 @@ template <> struct Unpack<LP_FMT_Q3_K> {
 template <bool Q5> struct UnpackK45 {
   static constexpr int KIND = UNPACK_B;
   static constexpr bool MIN = true;
-  static void row(const LpWeightK45<Q5>& w, int row, UnpackedB& u) {
+  static void row(const LpWeightK45<Q5, LP_BLOCKS>& w, int row, UnpackedB& u) {
     for (int sb = 0; sb < w.nb; ++sb) {
       const size_t blk = (size_t)row * w.nb + sb;
       const uint8_t* qs = w.qs.at(blk);
@@ -228,7 +228,7 @@ template <> struct Unpack<LP_FMT_Q5_K> : UnpackK45<true> {};
 template <> struct Unpack<LP_FMT_Q6_K> {
   static constexpr int KIND = UNPACK_B;
   static constexpr bool MIN = false;
-  static void row(const LpWeight<LP_FMT_Q6_K>& w, int row, UnpackedB& u) {
+  static void row(const LpWeight<LP_FMT_Q6_K, LP_BLOCKS>& w, int row, UnpackedB& u) {
     for (int sb = 0; sb < w.nb; ++sb) {
       const size_t blk = (size_t)row * w.nb + sb;
       const uint8_t* ql = w.ql.at(blk);

@@ -42,27 +42,28 @@ __device__ __forceinline__ int lp_idot4(uint32_t a, uint32_t b, int c) { return 
 
 enum LpLayout { LP_PLANAR, LP_BLOCKS };
 
-// One field of every block: block blk's field starts at p + blk * stride (planar: the field's bytes per
-// block; blocks: the block's size). lp_ld reads it where it may be unaligned (a GGUF's 18-byte blocks).
-template <class T> struct LpField {
+// One field of every block: block blk's field starts at p + blk * STRIDE (planar: the field's bytes per
+// block; blocks: the block's size), a compile-time constant either way. lp_ld reads it where it may be
+// unaligned (a GGUF's 18-byte blocks).
+template <class T, int STRIDE> struct LpField {
   const char* p;
-  size_t stride;
-  __device__ const T* at(size_t blk) const { return (const T*)(p + blk * stride); }
-  __device__ T operator[](size_t blk) const { return lp_ld<T>(p + blk * stride); }
+  __device__ const T* at(size_t blk) const { return (const T*)(p + blk * STRIDE); }
+  __device__ T operator[](size_t blk) const { return lp_ld<T>(p + blk * STRIDE); }
 };
 
-// The fields of rows x blocks_per_row blocks of `bytes` bytes each, in field order. Planar
-// (core/formats.py planes()): field after field, each plane [rows, blocks, field bytes] on a 256-byte
-// boundary. Blocks: each block's fields side by side, blocks one after another (GGUF).
-struct LpCursor {
+// The fields of rows x blocks_per_row blocks of BYTES bytes each, in field order: next<T, N>() is the
+// next field, N bytes per block. Planar (core/formats.py planes()): field after field, each plane
+// [rows, blocks, N] on a 256-byte boundary. Blocks: each block's fields side by side, blocks one after
+// another (GGUF).
+template <LpLayout L, int BYTES> struct LpCursor {
+  template <int N> static constexpr int STRIDE = L == LP_BLOCKS ? BYTES : N;
   const char* p;
-  size_t blocks;    // rows * blocks per row
-  int block_bytes;  // LP_BLOCKS: every field's stride; LP_PLANAR: 0
-  __device__ LpCursor(const void* base, int rows, int blocks_per_row, LpLayout layout, int bytes)
-      : p((const char*)base), blocks((size_t)rows * blocks_per_row), block_bytes(layout == LP_BLOCKS ? bytes : 0) {}
-  template <class T> __device__ LpField<T> next(int bytes_per_block) {
-    const LpField<T> f = {p, (size_t)(block_bytes ? block_bytes : bytes_per_block)};
-    p += block_bytes ? (size_t)bytes_per_block : lp_align(blocks * bytes_per_block);
+  size_t blocks;  // rows * blocks per row
+  __device__ LpCursor(const void* base, int rows, int blocks_per_row)
+      : p((const char*)base), blocks((size_t)rows * blocks_per_row) {}
+  template <class T, int N> __device__ LpField<T, STRIDE<N>> next() {
+    const LpField<T, STRIDE<N>> f = {p};
+    p += L == LP_BLOCKS ? (size_t)N : lp_align(blocks * N);
     return f;
   }
 };
@@ -107,36 +108,36 @@ struct LpScaleBytes {
 
 // --- the formats ------------------------------------------------------------------------------------
 
-template <int F> struct LpWeight;
+template <int F, LpLayout L = LP_PLANAR> struct LpWeight;
 
 // F32 / F16 / BF16: one field "v" [rows, k] (both layouts are the plain values)
-template <> struct LpWeight<LP_FMT_F32> {
+template <LpLayout L> struct LpWeight<LP_FMT_F32, L> {
   static constexpr int BLOCK = 1, BYTES = 4, ACT = LP_ACT_NONE;
-  LpField<float> v;
+  LpField<float, 4> v;
   int k;
-  __device__ LpWeight(const void* base, int rows, int k_, LpLayout layout = LP_PLANAR) : k(k_) {
-    v = LpCursor(base, rows, k, layout, BYTES).next<float>(4);
+  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
+    v = LpCursor<L, BYTES>(base, rows, k).template next<float, 4>();
   }
   __device__ float value(size_t row, int i) const { return v[row * k + i]; }
 };
 
-template <> struct LpWeight<LP_FMT_BF16> {
+template <LpLayout L> struct LpWeight<LP_FMT_BF16, L> {
   static constexpr int BLOCK = 1, BYTES = 2, ACT = LP_ACT_NONE;
-  LpField<uint16_t> v;
+  LpField<uint16_t, 2> v;
   int k;
-  __device__ LpWeight(const void* base, int rows, int k_, LpLayout layout = LP_PLANAR) : k(k_) {
-    v = LpCursor(base, rows, k, layout, BYTES).next<uint16_t>(2);
+  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
+    v = LpCursor<L, BYTES>(base, rows, k).template next<uint16_t, 2>();
   }
   __device__ float value(size_t row, int i) const { return __builtin_bit_cast(float, (uint32_t)v[row * k + i] << 16); }
 };
 
 // F16 x f16 activations: a piece is 8 values (16 bytes of the row); products and sums in float.
-template <> struct LpWeight<LP_FMT_F16> {
+template <LpLayout L> struct LpWeight<LP_FMT_F16, L> {
   static constexpr int BLOCK = 1, BYTES = 2, PIECE = 8, ACT = LP_ACT_F16;
-  LpField<uint16_t> v;
+  LpField<uint16_t, 2> v;
   int k;
-  __device__ LpWeight(const void* base, int rows, int k_, LpLayout layout = LP_PLANAR) : k(k_) {
-    v = LpCursor(base, rows, k, layout, BYTES).next<uint16_t>(2);
+  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
+    v = LpCursor<L, BYTES>(base, rows, k).template next<uint16_t, 2>();
   }
   __device__ float value(size_t row, int i) const { return lp_bits_h2f(v[row * k + i]); }
 
@@ -195,15 +196,16 @@ __device__ __forceinline__ void lp_dot_block32(const LpX& x, int nb, int b, int 
 }
 
 // Q8_0: d f16, qs[32] i8. x q8_0. A piece is half a block: 16 qs bytes; 2 lanes per block.
-template <> struct LpWeight<LP_FMT_Q8_0> {
+template <LpLayout L> struct LpWeight<LP_FMT_Q8_0, L> {
   static constexpr int BLOCK = 32, BYTES = 34, PIECE = 16, ACT = LP_ACT_Q8_0;
-  LpField<lp_half> d;
-  LpField<int8_t> qs;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
+  LpField<int8_t, Cur::template STRIDE<32>> qs;
   int nb;  // blocks per row
-  __device__ LpWeight(const void* base, int rows, int k, LpLayout layout = LP_PLANAR) : nb(k / 32) {
-    LpCursor c(base, rows, nb, layout, BYTES);
-    d = c.next<lp_half>(2);
-    qs = c.next<int8_t>(32);
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 32) {
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    qs = c.template next<int8_t, 32>();
   }
   __device__ float value(size_t row, int i) const {  // qs * d
     const size_t blk = row * nb + i / 32;
@@ -224,20 +226,21 @@ template <> struct LpWeight<LP_FMT_Q8_0> {
 //   Q4_1: d f16, m f16, qs[16]: d * q + m. x q8_1; the min meets the exact sum of the block's x values.
 //   Q5_0: d f16, qh u32, qs[16]: d * ((nibble | high bit << 4) - 16). x q8_0.
 //   Q5_1: d f16, m f16, qh u32, qs[16]: d * (nibble | high bit << 4) + m. x q8_1.
-template <bool HI, bool MIN> struct LpWeight32 {
+template <bool HI, bool MIN, LpLayout L> struct LpWeight32 {
   static constexpr int BLOCK = 32, BYTES = 18 + (MIN ? 2 : 0) + (HI ? 4 : 0), PIECE = 32;
   static constexpr int ACT = MIN ? LP_ACT_Q8_1 : LP_ACT_Q8_0;
   static constexpr uint32_t OFFSET = MIN ? 0 : (HI ? 16 : 8);  // subtracted from q where there is no min
-  LpField<lp_half> d, m = {};
-  LpField<uint32_t> qh = {};
-  LpField<uint8_t> qs;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d, m = {};
+  LpField<uint32_t, Cur::template STRIDE<4>> qh = {};
+  LpField<uint8_t, Cur::template STRIDE<16>> qs;
   int nb;  // blocks per row
-  __device__ LpWeight32(const void* base, int rows, int k, LpLayout layout = LP_PLANAR) : nb(k / 32) {
-    LpCursor c(base, rows, nb, layout, BYTES);
-    d = c.next<lp_half>(2);
-    if (MIN) m = c.next<lp_half>(2);
-    if (HI) qh = c.next<uint32_t>(4);
-    qs = c.next<uint8_t>(16);
+  __device__ LpWeight32(const void* base, int rows, int k) : nb(k / 32) {
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    if (MIN) m = c.template next<lp_half, 2>();
+    if (HI) qh = c.template next<uint32_t, 4>();
+    qs = c.template next<uint8_t, 16>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 32;
@@ -265,17 +268,17 @@ template <bool HI, bool MIN> struct LpWeight32 {
     lp_dot_block32<C, 2, MIN>(x, nb, p, 0, v, lp_h2f(d[blk]), MIN ? lp_h2f(m[blk]) : 0.0f, ncols, acc);
   }
 };
-template <> struct LpWeight<LP_FMT_Q4_0> : LpWeight32<false, false> {
-  using LpWeight32<false, false>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_0, L> : LpWeight32<false, false, L> {
+  using LpWeight32<false, false, L>::LpWeight32;
 };
-template <> struct LpWeight<LP_FMT_Q4_1> : LpWeight32<false, true> {
-  using LpWeight32<false, true>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_1, L> : LpWeight32<false, true, L> {
+  using LpWeight32<false, true, L>::LpWeight32;
 };
-template <> struct LpWeight<LP_FMT_Q5_0> : LpWeight32<true, false> {
-  using LpWeight32<true, false>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_0, L> : LpWeight32<true, false, L> {
+  using LpWeight32<true, false, L>::LpWeight32;
 };
-template <> struct LpWeight<LP_FMT_Q5_1> : LpWeight32<true, true> {
-  using LpWeight32<true, true>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_1, L> : LpWeight32<true, true, L> {
+  using LpWeight32<true, true, L>::LpWeight32;
 };
 
 // The K-quants meet q8_k activations super-block by super-block: acc[c] += the activation's scale times
@@ -313,17 +316,19 @@ __device__ __forceinline__ void lp_dot_block256(const LpX& x, int nb, int b, int
 // (formats.bits(qs, 2, 32)). x q8_k. A piece is 16 qs bytes = 64 values; 4 lanes per super-block:
 // lane l (G = l / 2, h = l % 2) takes qs[32G + 16h, +16): values 128G + 32s + 16h + t (s < 4, t < 16),
 // sub-blocks 8G + 2s + h.
-template <> struct LpWeight<LP_FMT_Q2_K> {
+template <LpLayout L> struct LpWeight<LP_FMT_Q2_K, L> {
   static constexpr int BLOCK = 256, BYTES = 84, PIECE = 64, ACT = LP_ACT_Q8_K;
-  LpField<uint8_t> scales, qs;
-  LpField<lp_half> d, dmin;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<uint8_t, Cur::template STRIDE<16>> scales;
+  LpField<uint8_t, Cur::template STRIDE<64>> qs;
+  LpField<lp_half, Cur::template STRIDE<2>> d, dmin;
   int nb;  // blocks per row
-  __device__ LpWeight(const void* base, int rows, int k, LpLayout layout = LP_PLANAR) : nb(k / 256) {
-    LpCursor c(base, rows, nb, layout, BYTES);
-    scales = c.next<uint8_t>(16);
-    qs = c.next<uint8_t>(64);
-    d = c.next<lp_half>(2);
-    dmin = c.next<lp_half>(2);
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
+    Cur c(base, rows, nb);
+    scales = c.template next<uint8_t, 16>();
+    qs = c.template next<uint8_t, 64>();
+    d = c.template next<lp_half, 2>();
+    dmin = c.template next<lp_half, 2>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
@@ -357,17 +362,20 @@ template <> struct LpWeight<LP_FMT_Q2_K> {
 // qs[32G + i] (formats.bits(qs, 2, 32)), value v its mask bit at bit v / 32 of hmask[v % 32]
 // (formats.bits(hmask, 1, 32)). x q8_k. Pieces as Q2_K: lane l (G = l / 2, h = l % 2) takes
 // qs[32G + 16h, +16) and hmask[16h, +16) (mask bits 4G + s).
-template <> struct LpWeight<LP_FMT_Q3_K> {
+template <LpLayout L> struct LpWeight<LP_FMT_Q3_K, L> {
   static constexpr int BLOCK = 256, BYTES = 110, PIECE = 64, ACT = LP_ACT_Q8_K;
-  LpField<uint8_t> hmask, qs, scales;
-  LpField<lp_half> d;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<uint8_t, Cur::template STRIDE<32>> hmask;
+  LpField<uint8_t, Cur::template STRIDE<64>> qs;
+  LpField<uint8_t, Cur::template STRIDE<12>> scales;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
   int nb;  // blocks per row
-  __device__ LpWeight(const void* base, int rows, int k, LpLayout layout = LP_PLANAR) : nb(k / 256) {
-    LpCursor c(base, rows, nb, layout, BYTES);
-    hmask = c.next<uint8_t>(32);
-    qs = c.next<uint8_t>(64);
-    scales = c.next<uint8_t>(12);
-    d = c.next<lp_half>(2);
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
+    Cur c(base, rows, nb);
+    hmask = c.template next<uint8_t, 32>();
+    qs = c.template next<uint8_t, 64>();
+    scales = c.template next<uint8_t, 12>();
+    d = c.template next<lp_half, 2>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
@@ -406,18 +414,21 @@ template <> struct LpWeight<LP_FMT_Q3_K> {
 // super-block: lane l (g = l / 2, h = l % 2) takes qs[32g + 16h, +16): low nibbles are values
 // 64g + 16h + t (sub-block 2g, bsum 4g + h), high nibbles 64g + 32 + 16h + t (sub-block 2g + 1, bsum
 // 4g + 2 + h); Q5_K's high bits for both are in qh[16h, +16).
-template <bool Q5> struct LpWeightK45 {
+template <bool Q5, LpLayout L> struct LpWeightK45 {
   static constexpr int BLOCK = 256, BYTES = Q5 ? 176 : 144, PIECE = 32, ACT = LP_ACT_Q8_K;
-  LpField<lp_half> d, dmin;
-  LpField<uint8_t> scales, qh = {}, qs;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d, dmin;
+  LpField<uint8_t, Cur::template STRIDE<12>> scales;
+  LpField<uint8_t, Cur::template STRIDE<32>> qh = {};
+  LpField<uint8_t, Cur::template STRIDE<128>> qs;
   int nb;  // blocks per row
-  __device__ LpWeightK45(const void* base, int rows, int k, LpLayout layout = LP_PLANAR) : nb(k / 256) {
-    LpCursor c(base, rows, nb, layout, BYTES);
-    d = c.next<lp_half>(2);
-    dmin = c.next<lp_half>(2);
-    scales = c.next<uint8_t>(12);
-    if (Q5) qh = c.next<uint8_t>(32);
-    qs = c.next<uint8_t>(128);
+  __device__ LpWeightK45(const void* base, int rows, int k) : nb(k / 256) {
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    dmin = c.template next<lp_half, 2>();
+    scales = c.template next<uint8_t, 12>();
+    if (Q5) qh = c.template next<uint8_t, 32>();
+    qs = c.template next<uint8_t, 128>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
@@ -456,11 +467,11 @@ template <bool Q5> struct LpWeightK45 {
                                 lp_h2f(dmin[blk]), ncols, acc);
   }
 };
-template <> struct LpWeight<LP_FMT_Q4_K> : LpWeightK45<false> {
-  using LpWeightK45<false>::LpWeightK45;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_K, L> : LpWeightK45<false, L> {
+  using LpWeightK45<false, L>::LpWeightK45;
 };
-template <> struct LpWeight<LP_FMT_Q5_K> : LpWeightK45<true> {
-  using LpWeightK45<true>::LpWeightK45;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_K, L> : LpWeightK45<true, L> {
+  using LpWeightK45<true, L>::LpWeightK45;
 };
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16. Sub-block j (16 values): d * scales[j] * (q - 32), q the
@@ -470,18 +481,20 @@ template <> struct LpWeight<LP_FMT_Q5_K> : LpWeightK45<true> {
 // u = l % 4) takes ql[64G + 16u, +16): low nibbles are values 128G + 16u + t (sub-block 8G + u, high
 // bits at shift 2 * (u / 2)), high nibbles 128G + 64 + 16u + t (sub-block 8G + 4 + u, shift 4 + 2 * (u / 2));
 // both read qh[32G + 16 * (u % 2), +16).
-template <> struct LpWeight<LP_FMT_Q6_K> {
+template <LpLayout L> struct LpWeight<LP_FMT_Q6_K, L> {
   static constexpr int BLOCK = 256, BYTES = 210, PIECE = 32, ACT = LP_ACT_Q8_K;
-  LpField<uint8_t> ql, qh;
-  LpField<int8_t> scales;
-  LpField<lp_half> d;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<uint8_t, Cur::template STRIDE<128>> ql;
+  LpField<uint8_t, Cur::template STRIDE<64>> qh;
+  LpField<int8_t, Cur::template STRIDE<16>> scales;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
   int nb;  // blocks per row
-  __device__ LpWeight(const void* base, int rows, int k, LpLayout layout = LP_PLANAR) : nb(k / 256) {
-    LpCursor c(base, rows, nb, layout, BYTES);
-    ql = c.next<uint8_t>(128);
-    qh = c.next<uint8_t>(64);
-    scales = c.next<int8_t>(16);
-    d = c.next<lp_half>(2);
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
+    Cur c(base, rows, nb);
+    ql = c.template next<uint8_t, 128>();
+    qh = c.template next<uint8_t, 64>();
+    scales = c.template next<int8_t, 16>();
+    d = c.template next<lp_half, 2>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
@@ -513,11 +526,12 @@ template <> struct LpWeight<LP_FMT_Q6_K> {
 // acc[c] = row `row` of w . activation column c, for c < ncols, summed over the whole wave: lane l takes
 // pieces l, l + WAVE, ... (consecutive lanes, consecutive 16-byte chunks), then the lanes' partial sums
 // meet in a butterfly, which leaves every lane with the same totals. Every lane of the wave must call it.
-template <int F, int C>
-__device__ __forceinline__ void lp_row_dot(const LpWeight<F>& w, size_t row, const LpX& x, int ncols, float (&acc)[C]) {
+template <int F, int C, LpLayout L>
+__device__ __forceinline__ void lp_row_dot(const LpWeight<F, L>& w, size_t row, const LpX& x, int ncols,
+                                           float (&acc)[C]) {
   #pragma unroll
   for (int c = 0; c < C; ++c) acc[c] = 0.0f;
-  const int pieces = x.k / LpWeight<F>::PIECE;
+  const int pieces = x.k / LpWeight<F, L>::PIECE;
   for (int p = lp_lane(); p < pieces; p += WAVE) w.template dot<C>(row, p, x, ncols, acc);
   #pragma unroll
   for (int c = 0; c < C; ++c) acc[c] = lp_wave_sum(acc[c]);
