@@ -32,8 +32,9 @@ from .kernel import Kernel, Launch
 
 CPU_DIR = Path(__file__).parent / "cpu"
 HOST_VENDOR = CPU_DIR / "host.h"
-# -ffp-contract=off: no FMA the code does not ask for, so every path's float order is the code's own
-FLAGS = ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-math-errno", "-pthread"]
+# -ffp-contract=off: no FMA the code does not ask for, so every path's float order is the code's own;
+# -fvisibility=hidden: only the entry points are exported (host.h LP_KERNEL)
+FLAGS = ["-std=c++20", "-O3", "-ffp-contract=off", "-fno-math-errno", "-fvisibility=hidden", "-pthread"]
 ISAS = {
     "scalar": ["-DLP_CPU_ISA=0"],
     "avx2": ["-DLP_CPU_ISA=1", "-mavx2", "-mfma", "-mf16c"],

@@ -17,7 +17,9 @@
 #define __device__
 #define __forceinline__ inline __attribute__((always_inline))
 #define __restrict__ __restrict
-#define LP_KERNEL extern "C"
+// entry points are the library's only exported symbols (cpu_build.py builds with -fvisibility=hidden),
+// so libraries of several SIMD paths or kernel sets in one process never bind each other's inline code
+#define LP_KERNEL extern "C" __attribute__((visibility("default")))
 
 __device__ __forceinline__ int lp_tid() { return 0; }
 __device__ __forceinline__ int lp_bid() { return 0; }

@@ -16,8 +16,9 @@
 //     activation rows per pass over a weight row;
 //   avx2 / avx512: a task first unpacks its weight rows into a thread-local scratch (unpack.h: int8 or
 //     uint8 values and their scales, one pass over the weight bytes), then runs register tiles of
-//     RT weight rows x CT activation rows over it (engines below), activation rows in the outer loop
-//     so a tile's activations stay in L1 while the task's unpacked rows are reused for every tile.
+//     RT weight rows x CT activation rows over it (engines below; 256-bit on avx2, 512-bit on avx512),
+//     activation rows in the outer loop so a tile's activations stay in L1 while the task's unpacked
+//     rows are reused for every tile.
 // In every path an output's operations and their order depend only on its weight row and activation
 // row: never on the row count, the tile it falls in, or the thread. A row's result is the same batched
 // or alone.
@@ -124,8 +125,9 @@ inline void rows_scalar(const LpWeight<F, LP_BLOCKS>& w, int r0, int r1, const A
 #if LP_CPU_ISA >= 1
 // --- SIMD engines: register tiles over unpacked rows -------------------------------------------------
 
+// register tiles (weight rows x activation rows) per engine, measured on an Ice Lake server core
 #if LP_CPU_ISA >= 2
-constexpr int RT_A = 4, CT_A = 3, RT_B = 2, CT_B = 4, RT_V = 4, CT_V = 4;
+constexpr int RT_A = 4, CT_A = 4, RT_B = 2, CT_B = 4, RT_V = 4, CT_V = 4;
 #else
 constexpr int RT_A = 2, CT_A = 3, RT_B = 2, CT_B = 2, RT_V = 2, CT_V = 3;
 #endif
@@ -212,6 +214,115 @@ inline void tile_b(const UnpackedB& u, int r0, const Acts& a, int c0, float (&ou
     for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]);
 }
 
+#if LP_CPU_ISA >= 2
+// The AVX-512 path's engines A and B in 512-bit vectors: 64 values per instruction (two 32-value blocks
+// in lanes 0..7 and 8..15; two groups of a super-block), an odd last block of A through the 256-bit form.
+inline float hsum16(__m512 v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+inline __m512 pair_spread(const float* p) {  // (p[0] x 8, p[1] x 8)
+  const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)p))));
+}
+
+template <bool SIGNED, bool MIN, int RT, int CT>
+inline void tile_a512(const UnpackedA& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  const int nb = a.k / 32;
+  __m512 acc[RT][CT];
+  float macc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_setzero_ps(), macc[r][c] = 0.0f;
+  for (int b = 0; b + 2 <= nb; b += 2) {
+    __m512i wa[RT];
+    __mmask64 neg[RT];
+    __m512 dw[RT];
+    for (int r = 0; r < RT; ++r) {
+      const __m512i w = _mm512_loadu_si512(u.q(r0 + r) + 32 * b);
+      wa[r] = SIGNED ? _mm512_abs_epi8(w) : w;
+      neg[r] = SIGNED ? _mm512_movepi8_mask(w) : 0;
+      dw[r] = pair_spread(u.dw(r0 + r) + b);
+    }
+    for (int c = 0; c < CT; ++c) {
+      const size_t xc = (size_t)(c0 + c);
+      const __m512i xv = _mm512_loadu_si512(a.qs + xc * a.k + 32 * b);
+      const __m512 xd = pair_spread(a.d + xc * nb + b);
+      for (int r = 0; r < RT; ++r) {
+        const __m512i sx = SIGNED ? _mm512_mask_sub_epi8(xv, neg[r], _mm512_setzero_si512(), xv) : xv;
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa[r], sx);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], xd), acc[r][c]);
+        if constexpr (MIN) {
+          macc[r][c] = macc[r][c] + u.mw(r0 + r)[b] * a.s[xc * nb + b];
+          macc[r][c] = macc[r][c] + u.mw(r0 + r)[b + 1] * a.s[xc * nb + b + 1];
+        }
+      }
+    }
+  }
+  float last[RT][CT] = {};
+  if (nb % 2) {  // the odd block: 8 lanes of its own
+    const int b = nb - 1;
+    for (int r = 0; r < RT; ++r) {
+      const __m256i w = load32(u.q(r0 + r) + 32 * b);
+      const __m256i wa = SIGNED ? _mm256_sign_epi8(w, w) : w;
+      for (int c = 0; c < CT; ++c) {
+        const size_t xc = (size_t)(c0 + c);
+        const __m256i xv = load32(a.qs + xc * a.k + 32 * b);
+        const __m256i p = SIGNED ? dot_signed(wa, w, xv) : dot_unsigned(w, xv);
+        last[r][c] = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(u.dw(r0 + r)[b] * a.d[xc * nb + b])));
+        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r)[b] * a.s[xc * nb + b];
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out[r][c] = hsum16(acc[r][c]) + last[r][c] + macc[r][c];
+}
+
+template <bool MIN, int RT, int CT>
+inline void tile_b512(const UnpackedB& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  const int nsb = a.k / 256;
+  __m256 acc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nsb; ++sb) {
+    __m512i isum[RT][CT];
+    for (int r = 0; r < RT; ++r)
+      for (int c = 0; c < CT; ++c) isum[r][c] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      const int at = 256 * sb + 64 * g;
+      __m512i w[RT], sc[RT];
+      for (int r = 0; r < RT; ++r) {
+        w[r] = _mm512_loadu_si512(u.u(r0 + r) + at);
+        sc[r] = _mm512_loadu_si512(u.scx(r0 + r) + at / 2);
+      }
+      for (int c = 0; c < CT; ++c) {
+        const __m512i xv = _mm512_loadu_si512(a.qs + (size_t)(c0 + c) * a.k + at);
+        for (int r = 0; r < RT; ++r) isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(w[r], xv), sc[r]);
+      }
+    }
+    __m256i aux[RT];
+    for (int r = 0; r < RT; ++r) aux[r] = load32(u.aux(r0 + r) + 16 * sb);
+    for (int c = 0; c < CT; ++c) {
+      const size_t xc = (size_t)(c0 + c);
+      const __m256i bs = load32(a.bsums + xc * (a.k / 16) + 16 * sb);
+      const float dk = a.d[xc * nsb + sb];
+      for (int r = 0; r < RT; ++r) {
+        const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(isum[r][c]), _mm512_extracti64x4_epi64(isum[r][c], 1));
+        const __m256i m = _mm256_madd_epi16(aux[r], bs);
+        const float d = u.d(r0 + r)[sb] * dk;
+        if constexpr (MIN) {
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d), acc[r][c]);
+          acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(u.da(r0 + r)[sb] * dk), acc[r][c]);
+        } else {
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is, m)), _mm256_set1_ps(d), acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]);
+}
+#endif
+
 // Engine V (f32 / f16 / bf16 weights, read in place): 8 float lanes of products, then the k % 8 tail
 // in order, then the lanes.
 template <int F> inline __m256 load_v8(const void* p) {
@@ -284,14 +395,22 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
     u.reset(r0, r1, a.k);
     for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
     tiles<RT_A, CT_A>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+#if LP_CPU_ISA >= 2
+      tile_a512<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+#else
       tile_a<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+#endif
     }, out);
   } else {
     static thread_local UnpackedB u;
     u.reset(r0, r1, a.k);
     for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
     tiles<RT_B, CT_B>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+#if LP_CPU_ISA >= 2
+      tile_b512<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+#else
       tile_b<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+#endif
     }, out);
   }
 }

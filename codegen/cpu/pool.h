@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include "host.h"
+
 namespace lp_cpu {
 
 class Pool {
@@ -109,11 +111,11 @@ template <class F> inline void lp_parallel(int tasks, F f) { pool().run(tasks, f
 
 // The pool's size (the calling thread included); a new size replaces the pool. Not to be called while
 // a kernel runs.
-extern "C" void lp_cpu_set_threads(int threads) {
+LP_KERNEL void lp_cpu_set_threads(int threads) {
   lp_cpu::Pool*& p = lp_cpu::pool_slot();
   if (p && p->threads() == threads) return;
   delete p;
   p = new lp_cpu::Pool(threads < 1 ? 1 : threads);
 }
 
-extern "C" int lp_cpu_threads() { return lp_cpu::pool().threads(); }
+LP_KERNEL int lp_cpu_threads() { return lp_cpu::pool().threads(); }
