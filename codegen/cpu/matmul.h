@@ -132,11 +132,54 @@ constexpr int RT_A = 4, CT_A = 4, RT_B = 2, CT_B = 4, RT_V = 4, CT_V = 4;
 constexpr int RT_A = 2, CT_A = 3, RT_B = 2, CT_B = 2, RT_V = 2, CT_V = 3;
 #endif
 
+#if LP_CPU_ISA >= 2
+inline float hsum16(__m512 v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+inline __m512 pair_spread(__m128 p) {  // (p[0] x 8, p[1] x 8)
+  const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(p));
+}
+inline __m512 pair_spread(const float* p) { return pair_spread(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)p))); }
+
+#endif
+
+// Where engine A's tiles read a weight row's values and scales: the task's unpacked rows (many activation
+// rows: each row unpacked once for every tile), or the blocks themselves, decoded as a tile reads them (a
+// few activation rows: one tile per weight row, so nothing is decoded twice, and nothing is stored). The
+// values are the same integers and floats either way, so the result does not depend on which.
+struct FromUnpacked {
+  const UnpackedA& u;
+  __m256i q32(int row, int b) const { return load32(u.q(row) + 32 * b); }
+  float dw(int row, int b) const { return u.dw(row)[b]; }
+  float mw(int row, int b) const { return u.mw(row)[b]; }
+#if LP_CPU_ISA >= 2
+  __m512i q64(int row, int b) const { return _mm512_loadu_si512(u.q(row) + 32 * b); }
+  __m512 dw2(int row, int b) const { return pair_spread(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)(u.dw(row) + b)))); }
+#endif
+};
+template <int F> struct FromBlocks {
+  const LpWeight<F, LP_BLOCKS>& w;
+  size_t at(int row, int b) const { return (size_t)row * w.nb + b; }
+  __m256i q32(int row, int b) const { return Unpack<F>::block(w, at(row, b)); }
+  float dw(int row, int b) const { return Unpack<F>::d(w, at(row, b)); }
+  float mw(int row, int b) const { return Unpack<F>::m(w, at(row, b)); }
+#if LP_CPU_ISA >= 2
+  __m512i q64(int row, int b) const { return Unpack<F>::pair(w, at(row, b)); }
+  __m512 dw2(int row, int b) const {  // the two f16 scales widened at once
+    const size_t blk = at(row, b);
+    const __m128i h = _mm_insert_epi16(_mm_cvtsi32_si128(lp_ld<uint16_t>(w.d.at(blk))), lp_ld<uint16_t>(w.d.at(blk + 1)), 1);
+    return pair_spread(_mm_cvtph_ps(h));
+  }
+#endif
+};
+
 // Engine A (32-value blocks): per block b, 8 int32 partial sums of the block's products, converted
 // and accumulated in 8 float lanes with the scale dw * dx; the min (Q4_1 / Q5_1) adds mw * (dx * sum x)
 // in a float of its own. Lanes summed last (hsum8).
-template <bool SIGNED, bool MIN, int RT, int CT>
-inline void tile_a(const UnpackedA& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+template <bool SIGNED, bool MIN, int RT, int CT, class Src>
+inline void tile_a(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
   const int nb = a.k / 32;
   __m256 acc[RT][CT];
   float macc[RT][CT];
@@ -146,9 +189,9 @@ inline void tile_a(const UnpackedA& u, int r0, const Acts& a, int c0, float (&ou
     __m256i w[RT], wa[RT];
     __m256 dw[RT];
     for (int r = 0; r < RT; ++r) {
-      w[r] = load32(u.q(r0 + r) + 32 * b);
+      w[r] = u.q32(r0 + r, b);
       wa[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
-      dw[r] = _mm256_set1_ps(u.dw(r0 + r)[b]);
+      dw[r] = _mm256_set1_ps(u.dw(r0 + r, b));
     }
     for (int c = 0; c < CT; ++c) {
       const size_t xc = (size_t)(c0 + c);
@@ -157,7 +200,7 @@ inline void tile_a(const UnpackedA& u, int r0, const Acts& a, int c0, float (&ou
       for (int r = 0; r < RT; ++r) {
         const __m256i p = SIGNED ? dot_signed(wa[r], w[r], xv) : dot_unsigned(w[r], xv);
         acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], xd), acc[r][c]);
-        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r)[b] * a.s[xc * nb + b];
+        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r, b) * a.s[xc * nb + b];
       }
     }
   }
@@ -217,17 +260,8 @@ inline void tile_b(const UnpackedB& u, int r0, const Acts& a, int c0, float (&ou
 #if LP_CPU_ISA >= 2
 // The AVX-512 path's engines A and B in 512-bit vectors: 64 values per instruction (two 32-value blocks
 // in lanes 0..7 and 8..15; two groups of a super-block), an odd last block of A through the 256-bit form.
-inline float hsum16(__m512 v) {
-  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
-  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
-}
-inline __m512 pair_spread(const float* p) {  // (p[0] x 8, p[1] x 8)
-  const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)p))));
-}
-
-template <bool SIGNED, bool MIN, int RT, int CT>
-inline void tile_a512(const UnpackedA& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+template <bool SIGNED, bool MIN, int RT, int CT, class Src>
+inline void tile_a512(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
   const int nb = a.k / 32;
   __m512 acc[RT][CT];
   float macc[RT][CT];
@@ -238,10 +272,10 @@ inline void tile_a512(const UnpackedA& u, int r0, const Acts& a, int c0, float (
     __mmask64 neg[RT];
     __m512 dw[RT];
     for (int r = 0; r < RT; ++r) {
-      const __m512i w = _mm512_loadu_si512(u.q(r0 + r) + 32 * b);
+      const __m512i w = u.q64(r0 + r, b);
       wa[r] = SIGNED ? _mm512_abs_epi8(w) : w;
       neg[r] = SIGNED ? _mm512_movepi8_mask(w) : 0;
-      dw[r] = pair_spread(u.dw(r0 + r) + b);
+      dw[r] = u.dw2(r0 + r, b);
     }
     for (int c = 0; c < CT; ++c) {
       const size_t xc = (size_t)(c0 + c);
@@ -252,8 +286,8 @@ inline void tile_a512(const UnpackedA& u, int r0, const Acts& a, int c0, float (
         const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa[r], sx);
         acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], xd), acc[r][c]);
         if constexpr (MIN) {
-          macc[r][c] = macc[r][c] + u.mw(r0 + r)[b] * a.s[xc * nb + b];
-          macc[r][c] = macc[r][c] + u.mw(r0 + r)[b + 1] * a.s[xc * nb + b + 1];
+          macc[r][c] = macc[r][c] + u.mw(r0 + r, b) * a.s[xc * nb + b];
+          macc[r][c] = macc[r][c] + u.mw(r0 + r, b + 1) * a.s[xc * nb + b + 1];
         }
       }
     }
@@ -262,14 +296,14 @@ inline void tile_a512(const UnpackedA& u, int r0, const Acts& a, int c0, float (
   if (nb % 2) {  // the odd block: 8 lanes of its own
     const int b = nb - 1;
     for (int r = 0; r < RT; ++r) {
-      const __m256i w = load32(u.q(r0 + r) + 32 * b);
+      const __m256i w = u.q32(r0 + r, b);
       const __m256i wa = SIGNED ? _mm256_sign_epi8(w, w) : w;
       for (int c = 0; c < CT; ++c) {
         const size_t xc = (size_t)(c0 + c);
         const __m256i xv = load32(a.qs + xc * a.k + 32 * b);
         const __m256i p = SIGNED ? dot_signed(wa, w, xv) : dot_unsigned(w, xv);
-        last[r][c] = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(u.dw(r0 + r)[b] * a.d[xc * nb + b])));
-        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r)[b] * a.s[xc * nb + b];
+        last[r][c] = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(u.dw(r0 + r, b) * a.d[xc * nb + b])));
+        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r, b) * a.s[xc * nb + b];
       }
     }
   }
@@ -391,16 +425,20 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
       tile_v<F, RT, CT>((const char*)raw, rr, a, c0, v);
     }, out);
   } else if constexpr (Unpack<F>::KIND == UNPACK_A) {
+    auto run = [&](const auto& src) {
+      tiles<RT_A, CT_A>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+#if LP_CPU_ISA >= 2
+        tile_a512<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
+#else
+        tile_a<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
+#endif
+      }, out);
+    };
+    if (a.rows <= CT_A) return run(FromBlocks<F>{w});  // one tile per weight row: decode as read
     static thread_local UnpackedA u;
     u.reset(r0, r1, a.k);
     for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
-    tiles<RT_A, CT_A>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
-#if LP_CPU_ISA >= 2
-      tile_a512<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
-#else
-      tile_a<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
-#endif
-    }, out);
+    run(FromUnpacked{u});
   } else {
     static thread_local UnpackedB u;
     u.reset(r0, r1, a.k);

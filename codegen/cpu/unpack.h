@@ -105,37 +105,69 @@ inline __m256i bit_to(__m256i v, int b, int to) {
 
 template <int F> struct Unpack;
 
+// Kind A: block(w, blk) is block blk's 32 values as bytes, d(w, blk) and m(w, blk) its scale and min;
+// row() writes a row of them to the scratch (matmul.h also reads blocks directly through these).
 template <> struct Unpack<LP_FMT_Q8_0> {
   static constexpr int KIND = UNPACK_A;
   static constexpr bool SIGNED = true, MIN = false;
-  static void row(const LpWeight<LP_FMT_Q8_0, LP_BLOCKS>& w, int row, UnpackedA& u) {
-    int8_t* q = u.q(row);
-    for (int b = 0; b < w.nb; ++b) {
-      const size_t blk = (size_t)row * w.nb + b;
-      store32(q + 32 * b, load32(w.qs.at(blk)));
-      u.dw(row)[b] = lp_h2f(w.d[blk]);
-    }
+  using W = LpWeight<LP_FMT_Q8_0, LP_BLOCKS>;
+  static __m256i block(const W& w, size_t blk) { return load32(w.qs.at(blk)); }
+  static float d(const W& w, size_t blk) { return lp_h2f(w.d[blk]); }
+  static float m(const W&, size_t) { return 0.0f; }
+#if LP_CPU_ISA >= 2
+  static __m512i pair(const W& w, size_t blk) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(block(w, blk)), block(w, blk + 1), 1);
   }
+#endif
+  static void row(const W& w, int row, UnpackedA& u);
 };
 
 template <bool HI, bool MN> struct Unpack32 {
   static constexpr int KIND = UNPACK_A;
   static constexpr bool SIGNED = !MN, MIN = MN;
-  static void row(const LpWeight32<HI, MN, LP_BLOCKS>& w, int row, UnpackedA& u) {
-    constexpr int OFF = LpWeight32<HI, MN, LP_BLOCKS>::OFFSET;
-    int8_t* q = u.q(row);
-    for (int b = 0; b < w.nb; ++b) {
-      const size_t blk = (size_t)row * w.nb + b;
-      const __m128i qs = _mm_loadu_si128((const __m128i*)w.qs.at(blk));
-      __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), bytes(0xF));  // values 0..15, 16..31
-      if constexpr (HI) v = _mm256_or_si256(v, _mm256_and_si256(bits_to_bytes(w.qh[blk]), bytes(0x10)));
-      if constexpr (OFF != 0) v = _mm256_sub_epi8(v, bytes(OFF));
-      store32(q + 32 * b, v);
-      u.dw(row)[b] = lp_h2f(w.d[blk]);
-      if constexpr (MN) u.mw(row)[b] = lp_h2f(w.m[blk]);
-    }
+  using W = LpWeight32<HI, MN, LP_BLOCKS>;
+  static __m256i block(const W& w, size_t blk) {
+    const __m128i qs = _mm_loadu_si128((const __m128i*)w.qs.at(blk));
+    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), bytes(0xF));  // values 0..15, 16..31
+    if constexpr (HI) v = _mm256_or_si256(v, _mm256_and_si256(bits_to_bytes(w.qh[blk]), bytes(0x10)));
+    if constexpr (W::OFFSET != 0) v = _mm256_sub_epi8(v, bytes(W::OFFSET));
+    return v;
   }
+  static float d(const W& w, size_t blk) { return lp_h2f(w.d[blk]); }
+  static float m(const W& w, size_t blk) { return MN ? lp_h2f(w.m[blk]) : 0.0f; }
+#if LP_CPU_ISA >= 2
+  // blocks blk and blk + 1 (their values 0..31 in bytes 0..31 and 32..63), as block() gives them: the
+  // nibbles of each block's 16 bytes split by a variable shift, the high bits through a 64-bit mask
+  static __m512i pair(const W& w, size_t blk) {
+    constexpr long long F4 = 0x0004000400040004;  // shift the 16-bit lanes of 128-bit lanes 1 and 3 by 4
+    const __m128i q0 = _mm_loadu_si128((const __m128i*)w.qs.at(blk)), q1 = _mm_loadu_si128((const __m128i*)w.qs.at(blk + 1));
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)), _mm256_set_m128i(q1, q1), 1);
+    __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, _mm512_set_epi64(F4, F4, 0, 0, F4, F4, 0, 0)), _mm512_set1_epi8(0xF));
+    if constexpr (HI) {
+      const __mmask64 hi = (uint64_t)w.qh[blk] | (uint64_t)w.qh[blk + 1] << 32;
+      v = W::OFFSET ? _mm512_mask_sub_epi8(v, ~hi, v, _mm512_set1_epi8(W::OFFSET))   // high bit set: q - 16 = nibble
+                    : _mm512_mask_add_epi8(v, hi, v, _mm512_set1_epi8(0x10));
+    } else if constexpr (W::OFFSET != 0) {
+      v = _mm512_sub_epi8(v, _mm512_set1_epi8(W::OFFSET));
+    }
+    return v;
+  }
+#endif
+  static void row(const W& w, int row, UnpackedA& u);
 };
+
+template <class U, class W> inline void unpack_a_row(const W& w, int row, UnpackedA& u) {
+  for (int b = 0; b < w.nb; ++b) {
+    const size_t blk = (size_t)row * w.nb + b;
+    store32(u.q(row) + 32 * b, U::block(w, blk));
+    u.dw(row)[b] = U::d(w, blk);
+    if constexpr (U::MIN) u.mw(row)[b] = U::m(w, blk);
+  }
+}
+inline void Unpack<LP_FMT_Q8_0>::row(const W& w, int row, UnpackedA& u) { unpack_a_row<Unpack<LP_FMT_Q8_0>>(w, row, u); }
+template <bool HI, bool MN> inline void Unpack32<HI, MN>::row(const W& w, int row, UnpackedA& u) {
+  unpack_a_row<Unpack32<HI, MN>>(w, row, u);
+}
 template <> struct Unpack<LP_FMT_Q4_0> : Unpack32<false, false> {};
 template <> struct Unpack<LP_FMT_Q4_1> : Unpack32<false, true> {};
 template <> struct Unpack<LP_FMT_Q5_0> : Unpack32<true, false> {};
