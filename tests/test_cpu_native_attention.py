@@ -24,7 +24,9 @@ OUT_FORMATS = ["f32", "q8_0", "q8_1", "q8_k", "f16", "bf16"]
 
 
 def catalog():
-    return [at.attention_kernel(), at.partial_kernel(), *(at.reduce_kernel(f, 256) for f in OUT_FORMATS)]
+    groups = sorted({c[1] for c in CASES})
+    return [*(at.attention_kernel(g) for g in groups), *(at.partial_kernel(g) for g in groups),
+            *(at.reduce_kernel(f, 256) for f in OUT_FORMATS)]
 
 
 # (head_dim, group, kv_heads, chunk, ctx, window, seq, pos): each row's sequence and position
@@ -160,6 +162,6 @@ def test_launch_records():
     ctx = context([{"dtype": "f32", "shape": [1, 1024]}, {"dtype": "f32", "shape": [1, 4, "splits", 258]}], {})
     attrs = {"chunk": 256, "heads": 4, "kv_heads": 1, "layer": 6, "scale": 0.0625, "window": 512}
     (ln,) = at.launches({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}, ctx)
-    assert ln.kernel.name == "lp_cpu_attention_partial" and ln.grid == (1,)
+    assert ln.kernel.name == "lp_cpu_attention_partial_g4" and ln.grid == (1,)
     assert ln.args[5:] == [{"buf": 1}, {"i32": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 4},
                            {"i32": 1}, {"i32": 256}, {"i32": "splits"}, {"i32": 512}, {"i32": 256}, {"f32": 0.0625}]

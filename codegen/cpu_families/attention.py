@@ -19,22 +19,25 @@ from ..build import BuildError
 from ..kernel import Context, Kernel, Launch, scalar
 from .norm import out_format
 
-MAX_GROUP = 64  # query heads per K/V head the kernels hold (attention.h)
+MAX_GROUP = 16  # query heads per K/V head: the kernels keep G heads' sums in registers (attention.h)
 _ATTN = "const float* q, const lp_half* cache, const int* seq, const int* pages, const int* pos"
 _ARGS = "int layer, int npages, int blocks, int heads, int kv_heads, int d"
 _STRUCT = "{q, cache, seq, pages, pos, layer, npages, blocks, heads, kv_heads, d, window, chunk, scale}"
 
 
-def attention_kernel() -> Kernel:
-    entry = (f"LP_KERNEL void lp_cpu_attention({_ATTN}, float* out, int rows, {_ARGS}, int window, int chunk, "
-             f"float scale) {{ lp_cpu::attention({_STRUCT}, out, rows); }}")
-    return Kernel("lp_cpu_attention", "attention", "attention.h", entry, 0)
+def attention_kernel(group: int) -> Kernel:
+    """`attention` for `group` query heads per K/V head."""
+    name = f"lp_cpu_attention_g{group}"
+    entry = (f"LP_KERNEL void {name}({_ATTN}, float* out, int rows, {_ARGS}, int window, int chunk, "
+             f"float scale) {{ lp_cpu::attention<{group}>({_STRUCT}, out, rows); }}")
+    return Kernel(name, "attention", "attention.h", entry, 0)
 
 
-def partial_kernel() -> Kernel:
-    entry = (f"LP_KERNEL void lp_cpu_attention_partial({_ATTN}, float* part, int rows, {_ARGS}, int splits, "
-             f"int window, int chunk, float scale) {{ lp_cpu::attention_partial({_STRUCT}, part, rows, splits); }}")
-    return Kernel("lp_cpu_attention_partial", "attention_partial", "attention.h", entry, 0)
+def partial_kernel(group: int) -> Kernel:
+    name = f"lp_cpu_attention_partial_g{group}"
+    entry = (f"LP_KERNEL void {name}({_ATTN}, float* part, int rows, {_ARGS}, int splits, "
+             f"int window, int chunk, float scale) {{ lp_cpu::attention_partial<{group}>({_STRUCT}, part, rows, splits); }}")
+    return Kernel(name, "attention_partial", "attention.h", entry, 0)
 
 
 def reduce_kernel(fmt: str, k: int) -> Kernel:
@@ -71,9 +74,10 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         common = [scalar(a["layer"]), scalar("pages"), scalar("blocks"), scalar(heads), scalar(a["kv_heads"]),
                   scalar(d)]
         tail = [scalar(a["window"]), scalar(chunk), scalar(a["scale"], "f32")]
+        group = heads // a["kv_heads"]
         if op == "attention":
-            return [Launch(attention_kernel(), (1,), [q, cache, seq, pages, pos, out, scalar(rows), *common, *tail])]
-        return [Launch(partial_kernel(), (1,),
+            return [Launch(attention_kernel(group), (1,), [q, cache, seq, pages, pos, out, scalar(rows), *common, *tail])]
+        return [Launch(partial_kernel(group), (1,),
                        [q, cache, seq, pages, pos, out, scalar(rows), *common, scalar(splits), *tail])]
     if op in ("attention_reduce", "attention_reduce_pack"):
         part, out = launch["args"][0], launch["outs"][0]
