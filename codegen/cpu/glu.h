@@ -1,7 +1,7 @@
 // glu.h: the gated product of a GLU feed-forward packed for the down projection on the CPU (op
 // glu_pack; CPU twin runtime/cpu_kernels.py glu_pack): out = pack[FMT](act(gate) * up), the activation
-// in float64 rounded once (rows.h, as core/numerics.py), the product in float32, packed with the twins'
-// rounding (rows.h pack_row). Rows split over the pool.
+// in float64 rounded once (rows.h activation_row, vectorized; as core/numerics.py), the product in
+// float32, packed with the twins' rounding (rows.h pack_row). Rows split over the pool.
 #pragma once
 #include <vector>
 
@@ -16,7 +16,7 @@ inline void glu_pack(const float* gate, const float* up, void* out, int rows, in
     for (int r = r0; r < r1; ++r) {
       const float* g = gate + (size_t)r * k;
       const float* u = up + (size_t)r * k;
-      for (int i = 0; i < k; ++i) v[i] = activation<ACT>(g[i]) * u[i];
+      activation_row<ACT>(g, u, v.data(), k);
       pack_row<FMT>(v.data(), k, out, rows, r);
     }
   });
