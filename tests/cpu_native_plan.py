@@ -75,6 +75,12 @@ class NativeModel:
         self._steps: dict[tuple[str, int, int], tuple] = {}
         self.times: dict[str, float] = defaultdict(float)
 
+    def held_bytes(self) -> int:
+        """Memory held beyond the mapped file: arena, K/V cache, the float vectors, rope tables (the
+        kernels' per-thread scratch, a task's rows unpacked, is under a megabyte)."""
+        return (self.arena.nbytes + self.cache.nbytes + sum(v.nbytes for v in self.vectors.values())
+                + sum(v.nbytes for v in self.tables.values()))
+
     def _rope(self, ref: dict[str, Any]) -> np.ndarray:
         key = json.dumps(ref, sort_keys=True)
         if key not in self.tables:
