@@ -10,6 +10,9 @@ run twice over buffers poisoned with 0xFF and with zeros, which must come out eq
 
 from __future__ import annotations
 
+import os
+import time
+
 import numpy as np
 import pytest
 
@@ -268,3 +271,24 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
     kg, kw = cache[layer, 0, block, offset].astype(np.float32), want_cache[layer, 0, block, offset].astype(np.float32)
     assert np.all(np.abs(kg - kw) <= np.spacing(np.abs(kw).astype(np.float16)).astype(np.float32))
     assert np.mean(kg == kw) > 0.99
+
+
+@needs_compiler
+def test_the_pool_runs_every_task_once_launch_after_launch(rng):
+    """Hundreds of launches of many sizes back to back (the pool's tickets, late workers, sleeping and
+    waking): every output is written by its own task, exactly once, every time."""
+    lib = library(catalog, ISAS[-1])
+    lib.set_threads(3)  # more threads than this machine may have free: workers are descheduled now and then
+    (ln,) = ew.launches({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]},
+                        context([{"dtype": "f32", "shape": ["rows", 4096]}] * 3, {}))
+    x = rng.standard_normal((64, 4096)).astype(np.float32)
+    y = rng.standard_normal((64, 4096)).astype(np.float32)
+    for i in range(400):
+        rows = int(rng.integers(1, 65))
+        out = np.full((rows, 4096), np.nan, np.float32)
+        run(lib, [ln], {"buf:0": np.ascontiguousarray(x[:rows]), "buf:1": np.ascontiguousarray(y[:rows]), "buf:2": out},
+            {"rows": rows})
+        assert np.array_equal(out, x[:rows] + y[:rows]), f"launch {i}"
+        if i % 100 == 99:
+            time.sleep(0.01)  # long enough for the workers to fall asleep
+    lib.set_threads(len(os.sched_getaffinity(0)))

@@ -2,11 +2,13 @@
 // one C call that fans its tasks out over the same threads (the caller is one of them).
 //
 // lp_parallel(tasks, f) runs f(t) for t in [0, tasks), each task exactly once, on whichever thread
-// takes it next (an atomic counter: a thread slowed by another process on a shared machine simply
-// takes fewer tasks), and returns when all are done. Results never depend on which thread ran a task:
-// a kernel's tasks write disjoint outputs, and any combination across tasks is done afterwards in task
-// order. Between launches the workers spin for a short while (a decode step is hundreds of launches a
-// few microseconds apart), then sleep on a condition variable.
+// claims it next, and returns when all are done. Results never depend on which thread ran a task: a
+// kernel's tasks write disjoint outputs, and any combination across tasks is done afterwards in task
+// order. A launch is a ticket (generation, task count, next task) in one atomic word; threads claim
+// tasks by compare-and-swap on it, so a worker that wakes late (on a shared machine the OS may not run
+// it for milliseconds) can only claim tasks of the launch it saw, and the caller waits for the tasks to
+// be done, never for a worker that has none. Between launches the workers spin for a short while (a
+// decode step is hundreds of launches a few microseconds apart), then sleep on a condition variable.
 #pragma once
 #include <algorithm>
 #include <atomic>
@@ -29,7 +31,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(m_);
       stop_ = true;
-      gen_.fetch_add(1);
+      ticket_.store(pack(gen_ + 1, 0, 0));
     }
     cv_.notify_all();
     for (std::thread& t : workers_) t.join();
@@ -44,39 +46,51 @@ class Pool {
     }
     fn_ = [](void* c, int t) { (*(F*)c)(t); };
     ctx_ = &f;
-    tasks_ = tasks;
-    next_.store(0);
-    busy_.store((int)workers_.size());
-    {
+    done_.store(0, std::memory_order_relaxed);
+    gen_ = (gen_ + 1) & GEN_MASK;
+    ticket_.store(pack(gen_, tasks, 0));  // sequentially consistent with the load below (a sleeper misses no
+    if (sleeping_.load() > 0) {             // launch: it counts itself before it checks the ticket)
       std::lock_guard<std::mutex> lock(m_);
-      gen_.fetch_add(1, std::memory_order_release);
+      cv_.notify_all();
     }
-    cv_.notify_all();
-    take();
-    while (busy_.load(std::memory_order_acquire) != 0) std::this_thread::yield();
+    claim(gen_);
+    while (done_.load(std::memory_order_acquire) != tasks) pause();
   }
 
  private:
-  void take() {
-    for (int t; (t = next_.fetch_add(1)) < tasks_;) fn_(ctx_, t);
+  // ticket: generation (24 bits), task count (20 bits), next task (20 bits)
+  static constexpr uint64_t GEN_MASK = (1u << 24) - 1, FIELD = (1u << 20) - 1;
+  static uint64_t pack(uint64_t gen, uint64_t tasks, uint64_t next) { return gen << 40 | tasks << 20 | next; }
+  static uint64_t gen_of(uint64_t t) { return t >> 40; }
+
+  // run the tasks of launch `gen` that nobody has claimed yet
+  void claim(uint64_t gen) {
+    uint64_t t = ticket_.load(std::memory_order_acquire);
+    while (gen_of(t) == gen && (t & FIELD) < (t >> 20 & FIELD)) {
+      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
+      fn_(ctx_, (int)(t & FIELD));
+      done_.fetch_add(1, std::memory_order_release);
+      t = ticket_.load(std::memory_order_acquire);
+    }
   }
   void work() {
-    uint64_t seen = 0;
+    uint64_t seen = gen_of(ticket_.load());
     for (;;) {
       // spin a little for the next launch, then sleep until one comes
       const auto until = std::chrono::steady_clock::now() + SPIN;
-      while (gen_.load(std::memory_order_acquire) == seen && std::chrono::steady_clock::now() < until) spin_pause();
-      if (gen_.load(std::memory_order_acquire) == seen) {
+      while (gen_of(ticket_.load(std::memory_order_acquire)) == seen && std::chrono::steady_clock::now() < until) pause();
+      if (gen_of(ticket_.load(std::memory_order_acquire)) == seen) {
         std::unique_lock<std::mutex> lock(m_);
-        cv_.wait(lock, [&] { return gen_.load() != seen; });
+        sleeping_.fetch_add(1);
+        cv_.wait(lock, [&] { return gen_of(ticket_.load()) != seen; });
+        sleeping_.fetch_sub(1);
       }
-      seen = gen_.load(std::memory_order_acquire);
       if (stop_) return;
-      take();
-      busy_.fetch_sub(1, std::memory_order_release);
+      seen = gen_of(ticket_.load(std::memory_order_acquire));
+      claim(seen);
     }
   }
-  static void spin_pause() {
+  static void pause() {
 #if defined(__x86_64__) || defined(__i386__)
     __builtin_ia32_pause();
 #endif
@@ -86,12 +100,12 @@ class Pool {
   std::vector<std::thread> workers_;
   std::mutex m_;
   std::condition_variable cv_;
-  std::atomic<uint64_t> gen_{0};
-  std::atomic<int> next_{0}, busy_{0};
+  std::atomic<uint64_t> ticket_{0};
+  std::atomic<int> done_{0}, sleeping_{0};
+  uint64_t gen_ = 0;  // the caller's: the last launch's generation
   bool stop_ = false;
   void (*fn_)(void*, int) = nullptr;
   void* ctx_ = nullptr;
-  int tasks_ = 0;
 };
 
 inline Pool*& pool_slot() {
@@ -105,7 +119,16 @@ inline Pool& pool() {
   return *p;
 }
 
-template <class F> inline void lp_parallel(int tasks, F f) { pool().run(tasks, f); }
+// more tasks than a ticket can count are folded: task t runs tasks t, t + MAX, ...
+constexpr int MAX_TASKS = (1 << 20) - 1;
+
+template <class F> inline void lp_parallel(int tasks, F f) {
+  if (tasks <= MAX_TASKS) return pool().run(tasks, f);
+  auto folded = [&](int t) {
+    for (int u = t; u < tasks; u += MAX_TASKS) f(u);
+  };
+  pool().run(MAX_TASKS, folded);
+}
 
 }  // namespace lp_cpu
 
