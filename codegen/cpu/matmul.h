@@ -14,11 +14,12 @@
 // Paths (simd.h):
 //   scalar: quant.cuh's own dot<C> per piece (the GPU mat-vec's arithmetic, pieces in order), C = 4
 //     activation rows per pass over a weight row;
-//   avx2 / avx512: a task first unpacks its weight rows into a thread-local scratch (unpack.h: int8 or
-//     uint8 values and their scales, one pass over the weight bytes), then runs register tiles of
-//     RT weight rows x CT activation rows over it (engines below; 256-bit on avx2, 512-bit on avx512),
-//     activation rows in the outer loop so a tile's activations stay in L1 while the task's unpacked
-//     rows are reused for every tile.
+//   avx2 / avx512: register tiles of RT weight rows x CT activation rows (engines below; 256-bit on
+//     avx2, 512-bit integer engines on avx512), activation rows in the outer loop so a tile's
+//     activations stay in L1. With more activation rows than one tile holds, a task first unpacks its
+//     weight rows into a thread-local scratch (unpack.h: whole-byte values and plain scales, one pass
+//     over the weight bytes) that every tile reuses; with fewer (decode), the 32-value formats' tiles
+//     decode the blocks as they read them. Both give a tile the same integers and floats.
 // In every path an output's operations and their order depend only on its weight row and activation
 // row: never on the row count, the tile it falls in, or the thread. A row's result is the same batched
 // or alone.
@@ -94,9 +95,10 @@ inline float value_dot(const LpWeight<F, LP_BLOCKS>& w, size_t row, const void* 
   float acc = 0.0f;
   for (int i = i0; i < k; ++i) {
     const size_t at = (size_t)col * k + i;
-    const uint16_t h = ((const uint16_t*)x)[at];
-    const float xv = F == LP_FMT_F32 ? ((const float*)x)[at]
-                   : F == LP_FMT_F16 ? lp_bits_h2f(h) : __builtin_bit_cast(float, (uint32_t)h << 16);
+    float xv;
+    if constexpr (F == LP_FMT_F32) xv = ((const float*)x)[at];
+    else if constexpr (F == LP_FMT_F16) xv = lp_bits_h2f(((const uint16_t*)x)[at]);
+    else xv = __builtin_bit_cast(float, (uint32_t)((const uint16_t*)x)[at] << 16);
     acc += w.value(row, i) * xv;
   }
   return acc;
@@ -123,7 +125,7 @@ inline void rows_scalar(const LpWeight<F, LP_BLOCKS>& w, int r0, int r1, const A
 }
 
 #if LP_CPU_ISA >= 1
-// --- SIMD engines: register tiles over unpacked rows -------------------------------------------------
+// --- SIMD engines: register tiles ---------------------------------------------------------------------
 
 // register tiles (weight rows x activation rows) per engine, measured on an Ice Lake server core
 #if LP_CPU_ISA >= 2
