@@ -6,8 +6,8 @@ read in place from the mapped GGUF, one C call per launch with every argument bo
 NativeModel(gguf).run(phase, state, want) takes the engine's step state (tokens, pos, seq, pages, last)
 and returns the phase outputs in `want` (views: copy before the next run); `times` adds up the seconds
 of each op's launches. A step's launches are bound once per phase and shape and then replayed with the
-state copied into fixed buffers, as the executor's graph contract has it. greedy(prompt ids, n) is prefill (in chunks) then decode, one sequence.
-Used by tests/test_cpu_native_plan.py and scripts/bench_cpu_kernels.py.
+state copied into fixed buffers, as the executor's graph contract has it. greedy(prompt ids, n) is
+prefill (in chunks) then decode, one sequence. Used by tests/test_cpu_native_plan.py and scripts/bench_cpu_kernels.py.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ path this machine has.
 
 The cache is paged through a scrambled page table; every cell a row has no business reading (other
 positions, other sequences, spare blocks) is NaN, so reading one shows. Partials and outputs are
-poisoned. The float sums' order differs from the twin's einsum (accumulation-order class, DESIGN.md:
-NMSE < 5e-4; measured up to a few 1e-9, where an f16 exp weight rounds the other way), and prefill (`attention`) and decode (partials + reduce) give a row
-the same bits.
+poisoned. The float sums' order and the exp differ from the twin's (accumulation-order class,
+DESIGN.md: NMSE < 5e-4; measured up to a few 1e-9, where an f16 exp weight rounds the other way), and
+prefill (`attention`) and decode (partials + reduce) give a row the same bits.
 """
 
 from __future__ import annotations

@@ -36,7 +36,8 @@ def attention_kernel(group: int) -> Kernel:
 def partial_kernel(group: int) -> Kernel:
     name = f"lp_cpu_attention_partial_g{group}"
     entry = (f"LP_KERNEL void {name}({_ATTN}, float* part, int rows, {_ARGS}, int splits, "
-             f"int window, int chunk, float scale) {{ lp_cpu::attention_partial<{group}>({_STRUCT}, part, rows, splits); }}")
+             f"int window, int chunk, float scale) {{ lp_cpu::attention_partial<{group}>({_STRUCT}, part, rows, "
+             "splits); }")
     return Kernel(name, "attention_partial", "attention.h", entry, 0)
 
 
@@ -51,7 +52,8 @@ def reduce_kernel(fmt: str, k: int) -> Kernel:
 def _check(a: dict[str, Any], heads: int, d: int, chunk: int, width: int) -> None:
     kv_heads = a["kv_heads"]
     if heads != a["heads"] or heads % kv_heads or width != heads * d:
-        raise BuildError(f"attention: {a['heads']} heads / {kv_heads} K/V heads of {d} do not fit {width} query features")
+        raise BuildError(f"attention: {a['heads']} heads / {kv_heads} K/V heads of {d} do not fit {width} query "
+                         "features")
     if heads // kv_heads > MAX_GROUP:
         raise BuildError(f"attention: {heads // kv_heads} query heads per K/V head (the kernels take {MAX_GROUP})")
     if chunk % PAGE or chunk <= 0:
@@ -76,7 +78,8 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         tail = [scalar(a["window"]), scalar(chunk), scalar(a["scale"], "f32")]
         group = heads // a["kv_heads"]
         if op == "attention":
-            return [Launch(attention_kernel(group), (1,), [q, cache, seq, pages, pos, out, scalar(rows), *common, *tail])]
+            return [Launch(attention_kernel(group), (1,),
+                           [q, cache, seq, pages, pos, out, scalar(rows), *common, *tail])]
         return [Launch(partial_kernel(group), (1,),
                        [q, cache, seq, pages, pos, out, scalar(rows), *common, scalar(splits), *tail])]
     if op in ("attention_reduce", "attention_reduce_pack"):

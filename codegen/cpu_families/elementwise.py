@@ -56,7 +56,8 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         if dtype not in ELEMENT_BYTES:
             raise BuildError(f"take_rows: {dtype} rows are not gathered by a CPU kernel (f32, i32, f16, bf16 only)")
         _, k = _row(ctx.shape(x), "take_rows")
-        return [Launch(take_rows_kernel(), (1,), [x, rows, out, scalar(ctx.shape(out)[0]), scalar(k * ELEMENT_BYTES[dtype])])]
+        return [Launch(take_rows_kernel(), (1,),
+                       [x, rows, out, scalar(ctx.shape(out)[0]), scalar(k * ELEMENT_BYTES[dtype])])]
     if op not in OPS:
         raise BuildError(f"elementwise: no CPU kernel for op {op}")
     for ref in (*launch["args"], out):

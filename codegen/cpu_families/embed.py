@@ -33,4 +33,5 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         raise BuildError(f"embed: table {table['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
     if k % BLOCK_VALUES[fmt]:
         raise BuildError(f"embed: table {table['weight']} ({fmt}) has rows of {k}, not whole blocks")
-    return [Launch(kernel(fmt), (1,), [in_place(table), tokens, out, scalar(ctx.shape(out)[0]), scalar(vocab), scalar(k)])]
+    return [Launch(kernel(fmt), (1,),
+                   [in_place(table), tokens, out, scalar(ctx.shape(out)[0]), scalar(vocab), scalar(k)])]

@@ -46,5 +46,6 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     if op != "pack":
         raise BuildError(f"norm: no CPU kernel for op {op}")
     name = f"lp_cpu_pack_{fmt}"
-    entry = f"LP_KERNEL void {name}(const float* x, void* out, int rows, int k) {{ lp_cpu::pack<{code}>(x, out, rows, k); }}"
+    entry = (f"LP_KERNEL void {name}(const float* x, void* out, int rows, int k) "
+             f"{{ lp_cpu::pack<{code}>(x, out, rows, k); }}")
     return [Launch(Kernel(name, "pack", "norm.h", entry, 0), (1,), [x, out, scalar(rows), scalar(k)])]

@@ -31,8 +31,8 @@ def kernel(mode: str, norm: bool) -> Kernel:
     else:
         params = f"{ptrs}float* q_out, {sizes}"
         call = f"table, nullptr, nullptr, q_out, {call}, 0.0f"
-    entry = (f"LP_KERNEL void {name}({params}) {{ lp_cpu::rope_kv<{MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, "
-             f"pos, seq, pages, cache, {call}); }}")
+    template = f"lp_cpu::rope_kv<{MODES[mode]}, {'true' if norm else 'false'}>"
+    entry = f"LP_KERNEL void {name}({params}) {{ {template}(q, k, v, pos, seq, pages, cache, {call}); }}"
     return Kernel(name, "rope_kv", "rope_kv.h", entry, 0)
 
 

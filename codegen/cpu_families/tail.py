@@ -21,8 +21,9 @@ from .norm import out_format
 def kernel(fmt: str, k: int) -> Kernel:
     act = ACTIVATION_FORMAT[fmt.lower()]
     name = f"lp_cpu_tail_argmax_{fmt.lower()}"
+    code = out_format(act, k, "tail_argmax")
     entry = (f"LP_KERNEL void {name}(const float* x, const float* norm, const void* head, int* out, int rows, int k, "
-             f"int vocab, float eps, int task_rows) {{ lp_cpu::tail_argmax<LP_FMT_{fmt}, {out_format(act, k, 'tail_argmax')}>("
+             f"int vocab, float eps, int task_rows) {{ lp_cpu::tail_argmax<LP_FMT_{fmt}, {code}>("
              "x, norm, head, out, rows, k, vocab, eps, task_rows); }")
     return Kernel(name, "tail_argmax", "tail.h", entry, 0)
 
