@@ -72,7 +72,8 @@ def _inline(path: Path, seen: set[str], out: list[str], vendor: Path) -> None:
     for line in path.read_text().splitlines():
         m = re.match(r'\s*#include\s+"([^"]+)"', line)
         if m:
-            included = vendor if m.group(1) == "vendor.h" else KERNEL_DIR / m.group(1)
+            beside = path.parent / m.group(1)  # the CPU target's sources (codegen/cpu/) include both folders
+            included = vendor if m.group(1) == "vendor.h" else beside if beside.exists() else KERNEL_DIR / m.group(1)
             if included.name not in seen:
                 _inline(included, seen, out, vendor)
                 out.append(f"// ---- {path.name} ----")  # back in this file: errors and inspect --source see it

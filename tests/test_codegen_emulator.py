@@ -1,4 +1,4 @@
-"""The CPU emulator's own checks (tests/kernel_emu.py, kernel_emu.h) on small made-up kernels: shuffles
+"""The emulated GPU's own checks (codegen/kernels/emu.h, through tests/kernel_emu.py) on small made-up kernels: shuffles
 across a wave of 32 and of 64, the 32-lane groups of a wave of 64 going their own ways, and the errors
 it reports instead of a hang or a wrong number: a shuffle or lp_sync some lanes never reach, a WMMA
 operand whose lanes 16..31 do not repeat lanes 0..15, and what it does not emulate."""

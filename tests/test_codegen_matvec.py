@@ -53,7 +53,7 @@ def test_plain_launch():
     assert ln.grid == (1024, ("rows", 1))
     assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "planar"}, {"buf": 1},
                        {"i32": "rows"}, {"i32": 14336}, {"i32": 4096}]
-    assert ln.kernel.entry.startswith("LP_KERNEL void __launch_bounds__(128) lp_matvec_q6_k_seg1_res0_c1("
+    assert ln.kernel.entry.startswith("LP_KERNEL void __launch_bounds__(128, 1) lp_matvec_q6_k_seg1_res0_c1("
                                       "const void* x, const void* w0, float* y0, int rows, int k, int n0) {")
 
 

@@ -71,6 +71,15 @@ def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
     return [f"c{max(1, min(ctx.bound(ctx.shape(launch['args'][0])[0]), MAX_COLUMNS))}"]
 
 
+def launch_bounds(threads: int, target: Any) -> str:
+    """__launch_bounds__(threads), with an explicit minimum of 1 block per SM on NVIDIA: with the one-
+    argument form, ptxas (CUDA 13) trades a few spilled bytes for occupancy in the row loop now and then
+    (the tail's head loop: one to eight of its 88 format x column kernels per arch; the mat-vec's Q2_K
+    with 8 columns on sm_89); with the minimum stated it does not. (The HIP macro of vendor.h takes one
+    argument.)"""
+    return f"__launch_bounds__({threads}, 1)" if target.nvidia else f"__launch_bounds__({threads})"
+
+
 def kernel(formats: list[str], residual: bool, c: int, target: Any) -> Kernel:
     """The kernel for these segment formats, epilogue and column count, on this target."""
     nseg = len(formats)
@@ -90,7 +99,7 @@ def kernel(formats: list[str], residual: bool, c: int, target: Any) -> Kernel:
     ns = pad([f"n{i}" for i in range(nseg)], "0")
     call = (f"lp_matvec<{codes}, {nseg}, {'true' if residual else 'false'}, {c}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, {ns})")
-    entry = f"LP_KERNEL void __launch_bounds__({threads}) {name}({', '.join(params)}) {{ {call}; }}"
+    entry = f"LP_KERNEL void {launch_bounds(threads, target)} {name}({', '.join(params)}) {{ {call}; }}"
     quantized = any(f != "F16" for f in formats)
     return Kernel(name, "matmul", "matvec.cu", entry, threads,
                   ("dot4", "load128") if quantized else ("load128",))

@@ -27,7 +27,7 @@ from typing import Any
 from llmplan.core.formats import ACTIVATION_FORMAT
 
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
-from .matvec import MatvecError, check_weight, columns
+from .matvec import MatvecError, check_weight, columns, launch_bounds
 from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
 
 THREADS = 256
@@ -43,14 +43,6 @@ def pack_kernel(act: str) -> Kernel:
     entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, const float* norm, void* out, "
              f"int rows, int k, float eps) {{ lp_tail_pack<{ACT_CODES[act]}>(x, norm, out, rows, k, eps); }}")
     return Kernel(name, "tail_argmax", "tail.cu", entry, THREADS)
-
-
-def launch_bounds(threads: int, target: Any) -> str:
-    """__launch_bounds__(threads), with an explicit minimum of 1 block per SM on NVIDIA: with the one-
-    argument form, ptxas (CUDA 13) trades a few spilled bytes for occupancy in the head-row loop (one
-    to eight of the 88 format x column kernels per arch); with the minimum stated it does not. (The
-    HIP macro of vendor.h takes one argument.)"""
-    return f"__launch_bounds__({threads}, 1)" if target.nvidia else f"__launch_bounds__({threads})"
 
 
 def logits_kernel(fmt: str, c: int, target: Any) -> Kernel:

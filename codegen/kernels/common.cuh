@@ -1,7 +1,9 @@
-// common.cuh: what several kernel families share: 16-byte loads and stores, f16 bits as floats, float
+// common.cuh: what several kernel families share (on the GPUs, and on the CPU target through
+// codegen/cpu/host.h): 16-byte loads and stores, f16 bits as floats, float
 // operations never contracted into an FMA (where a kernel promises NumPy's float32 operation order),
 // the byte tricks that turn packed quants into int8 operands of lp_dot4, the K-quants' packed scales
-// (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing,
+// (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing, the
+// argmax order of the fused tails,
 // field planes of packed activations, block reductions, and packing a row to 8-bit blocks with
 // exactly the CPU twins' rounding (core/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
 // scale and round half to even; q8_k takes the signed max of 256 values, iscale = -127/max,
@@ -24,6 +26,15 @@ __device__ __forceinline__ void lp_store16(void* p, const lp_u4& v) {
 }
 // an f16 value's bits as a float
 __device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+#elif defined(LP_CPU)
+// the CPU target reads blocks in place from the mapped file, where 16 bytes need not be aligned
+__device__ __forceinline__ lp_u4 lp_load16(const void* p) {
+  lp_u4 v;
+  __builtin_memcpy(&v, p, 16);
+  return v;
+}
+__device__ __forceinline__ void lp_store16(void* p, const lp_u4& v) { __builtin_memcpy(p, &v, 16); }
+__device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return (float)__builtin_bit_cast(_Float16, b); }
 #else
 typedef uint32_t lp_u32x4 __attribute__((ext_vector_type(4)));
 __device__ __forceinline__ lp_u4 lp_load16(const void* p) {
@@ -38,6 +49,17 @@ __device__ __forceinline__ void lp_store16(void* p, const lp_u4& v) {
 __device__ __forceinline__ float lp_bits_h2f(uint16_t b) { return (float)__builtin_bit_cast(_Float16, b); }
 #endif
 __device__ __forceinline__ lp_u4 lp_zero16() { return {{0u, 0u, 0u, 0u}}; }
+
+// one T at p, which on the CPU (fields of a GGUF's blocks) need not be aligned
+template <class T> __device__ __forceinline__ T lp_ld(const void* p) {
+#if defined(LP_CPU)
+  T v;
+  __builtin_memcpy(&v, p, sizeof(T));
+  return v;
+#else
+  return *(const T*)p;
+#endif
+}
 
 // the low and the high f16 value of a 32-bit word, as floats
 __device__ __forceinline__ float lp_half_lo(uint32_t w) { return lp_bits_h2f((uint16_t)(w & 0xFFFFu)); }
@@ -105,6 +127,23 @@ __device__ __forceinline__ size_t lp_kv_plane(int layer, int kv, int blocks, int
 __device__ __forceinline__ size_t lp_kv_row(int block, int offset, int kv_dim) {
   return (size_t)((unsigned)block * LP_PAGE + (unsigned)offset) * (unsigned)kv_dim;
 }
+
+// A (logit, index) pair in np.argmax's order: the largest value, a NaN before any number, the lower
+// index on ties; a total order, so how the candidates are split cannot change the winner (the GPU and
+// CPU tails).
+struct LpBest {
+  float v;
+  int i;
+};
+
+// does (v, i) come before (bv, bi) in np.argmax's order?
+__device__ __forceinline__ bool lp_better(float v, int i, float bv, int bi) {
+  const bool nan = v != v, bnan = bv != bv;
+  if (nan || bnan) return nan && (!bnan || i < bi);
+  return v > bv || (v == bv && i < bi);
+}
+
+__device__ __forceinline__ LpBest lp_no_best() { return {-__builtin_huge_valf(), 0x7fffffff}; }
 
 // Planes start on 256-byte boundaries (core/formats.py PLANE_ALIGN).
 __device__ __forceinline__ size_t lp_align(size_t n) { return (n + 255) & ~(size_t)255; }

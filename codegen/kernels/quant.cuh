@@ -1,10 +1,13 @@
-// quant.cuh: the weight formats on the GPU, one struct per format (LpWeight<F>), shared by the mat-vec,
-// embedding and tail kernels.
+// quant.cuh: the weight formats, one struct per format (LpWeight<F>), shared by the GPU's mat-vec,
+// embedding and tail kernels and by the CPU target's kernels (codegen/cpu/), so that every block layout
+// and every scale unpacking has this one source.
 //
-// Weights are stored "planar" (core/formats.py planes()): each field of a format's block layout is one
-// contiguous plane [rows, blocks per row, field bytes], planes in field order, each starting on a
-// 256-byte boundary. LpPlaneCursor walks those planes exactly as planes() does; each LpWeight<F> names its
-// fields in the order of core/formats.py FORMATS, so the two can be checked side by side.
+// Two layouts of the same blocks (LpLayout): on the GPU weights are stored "planar" (core/formats.py
+// planes()): each field of a format's block layout is one contiguous plane [rows, blocks per row, field
+// bytes], planes in field order, each starting on a 256-byte boundary. On the CPU they are read in place
+// from the mapped GGUF, block after block with each block's fields side by side ("blocks"). LpCursor walks
+// the fields of a block in the order of core/formats.py FORMATS for either layout, and each field is an
+// LpField: where that field of block `blk` starts. The format code below is the same for both.
 //
 // Each LpWeight<F> has
 //   value(row, i)  element i of the row, dequantized with the same float32 operations in the same
@@ -35,18 +38,33 @@ enum LpActFormat { LP_ACT_Q8_0 = 0, LP_ACT_Q8_1 = 1, LP_ACT_Q8_K = 2, LP_ACT_F16
 // lp_dot4 of the words common.cuh's byte tricks make
 __device__ __forceinline__ int lp_idot4(uint32_t a, uint32_t b, int c) { return lp_dot4((int)a, (int)b, c); }
 
-// --- field planes ---------------------------------------------------------------------------------
+// --- layouts ---------------------------------------------------------------------------------------
 
-// core/formats.py planes(): field after field, each plane [rows, blocks, bytes] on a 256-byte boundary
-struct LpPlaneCursor {
+enum LpLayout { LP_PLANAR, LP_BLOCKS };
+
+// One field of every block: block blk's field starts at p + blk * STRIDE (planar: the field's bytes per
+// block; blocks: the block's size), a compile-time constant either way. lp_ld reads it where it may be
+// unaligned (a GGUF's 18-byte blocks).
+template <class T, int STRIDE> struct LpField {
+  const char* p;
+  __device__ const T* at(size_t blk) const { return (const T*)(p + blk * STRIDE); }
+  __device__ T operator[](size_t blk) const { return lp_ld<T>(p + blk * STRIDE); }
+};
+
+// The fields of rows x blocks_per_row blocks of BYTES bytes each, in field order: next<T, N>() is the
+// next field, N bytes per block. Planar (core/formats.py planes()): field after field, each plane
+// [rows, blocks, N] on a 256-byte boundary. Blocks: each block's fields side by side, blocks one after
+// another (GGUF).
+template <LpLayout L, int BYTES> struct LpCursor {
+  template <int N> static constexpr int STRIDE = L == LP_BLOCKS ? BYTES : N;
   const char* p;
   size_t blocks;  // rows * blocks per row
-  __device__ LpPlaneCursor(const void* base, int rows, int blocks_per_row)
+  __device__ LpCursor(const void* base, int rows, int blocks_per_row)
       : p((const char*)base), blocks((size_t)rows * blocks_per_row) {}
-  template <class T> __device__ const T* next(int bytes_per_block) {
-    const T* here = (const T*)p;
-    p += lp_align(blocks * bytes_per_block);
-    return here;
+  template <class T, int N> __device__ LpField<T, STRIDE<N>> next() {
+    const LpField<T, STRIDE<N>> f = {p};
+    p += L == LP_BLOCKS ? (size_t)N : lp_align(blocks * N);
+    return f;
   }
 };
 
@@ -90,35 +108,41 @@ struct LpScaleBytes {
 
 // --- the formats ------------------------------------------------------------------------------------
 
-template <int F> struct LpWeight;
+template <int F, LpLayout L = LP_PLANAR> struct LpWeight;
 
-// F32 / F16 / BF16: one plane "v" [rows, k]
-template <> struct LpWeight<LP_FMT_F32> {
-  static constexpr int BLOCK = 1, ACT = LP_ACT_NONE;
-  const float* v;
+// F32 / F16 / BF16: one field "v" [rows, k] (both layouts are the plain values)
+template <LpLayout L> struct LpWeight<LP_FMT_F32, L> {
+  static constexpr int BLOCK = 1, BYTES = 4, ACT = LP_ACT_NONE;
+  LpField<float, 4> v;
   int k;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) { v = LpPlaneCursor(base, rows, k).next<float>(4); }
+  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
+    v = LpCursor<L, BYTES>(base, rows, k).template next<float, 4>();
+  }
   __device__ float value(size_t row, int i) const { return v[row * k + i]; }
 };
 
-template <> struct LpWeight<LP_FMT_BF16> {
-  static constexpr int BLOCK = 1, ACT = LP_ACT_NONE;
-  const uint16_t* v;
+template <LpLayout L> struct LpWeight<LP_FMT_BF16, L> {
+  static constexpr int BLOCK = 1, BYTES = 2, ACT = LP_ACT_NONE;
+  LpField<uint16_t, 2> v;
   int k;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) { v = LpPlaneCursor(base, rows, k).next<uint16_t>(2); }
+  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
+    v = LpCursor<L, BYTES>(base, rows, k).template next<uint16_t, 2>();
+  }
   __device__ float value(size_t row, int i) const { return __builtin_bit_cast(float, (uint32_t)v[row * k + i] << 16); }
 };
 
 // F16 x f16 activations: a piece is 8 values (16 bytes of the row); products and sums in float.
-template <> struct LpWeight<LP_FMT_F16> {
-  static constexpr int BLOCK = 1, PIECE = 8, ACT = LP_ACT_F16;
-  const uint16_t* v;
+template <LpLayout L> struct LpWeight<LP_FMT_F16, L> {
+  static constexpr int BLOCK = 1, BYTES = 2, PIECE = 8, ACT = LP_ACT_F16;
+  LpField<uint16_t, 2> v;
   int k;
-  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) { v = LpPlaneCursor(base, rows, k).next<uint16_t>(2); }
+  __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
+    v = LpCursor<L, BYTES>(base, rows, k).template next<uint16_t, 2>();
+  }
   __device__ float value(size_t row, int i) const { return lp_bits_h2f(v[row * k + i]); }
 
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
-    const lp_u4 w = lp_load16(v + row * k + 8 * p);
+    const lp_u4 w = lp_load16(v.at(row * k + 8 * p));
     float wf[8];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -172,24 +196,25 @@ __device__ __forceinline__ void lp_dot_block32(const LpX& x, int nb, int b, int 
 }
 
 // Q8_0: d f16, qs[32] i8. x q8_0. A piece is half a block: 16 qs bytes; 2 lanes per block.
-template <> struct LpWeight<LP_FMT_Q8_0> {
-  static constexpr int BLOCK = 32, PIECE = 16, ACT = LP_ACT_Q8_0;
-  const lp_half* d;
-  const int8_t* qs;
+template <LpLayout L> struct LpWeight<LP_FMT_Q8_0, L> {
+  static constexpr int BLOCK = 32, BYTES = 34, PIECE = 16, ACT = LP_ACT_Q8_0;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
+  LpField<int8_t, Cur::template STRIDE<32>> qs;
   int nb;  // blocks per row
   __device__ LpWeight(const void* base, int rows, int k) : nb(k / 32) {
-    LpPlaneCursor c(base, rows, nb);
-    d = c.next<lp_half>(2);
-    qs = c.next<int8_t>(32);
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    qs = c.template next<int8_t, 32>();
   }
   __device__ float value(size_t row, int i) const {  // qs * d
     const size_t blk = row * nb + i / 32;
-    return (float)qs[blk * 32 + i % 32] * lp_h2f(d[blk]);
+    return (float)qs.at(blk)[i % 32] * lp_h2f(d[blk]);
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 2, h = p % 2;  // block b, values [16h, 16h + 16)
     const size_t blk = row * nb + b;
-    const lp_u4 q[1] = {lp_load16(qs + blk * 32 + 16 * h)};
+    const lp_u4 q[1] = {lp_load16(qs.at(blk) + 16 * h)};
     lp_dot_block32<C, 1, false>(x, nb, b, 16 * h, q, lp_h2f(d[blk]), 0.0f, ncols, acc);
   }
 };
@@ -201,31 +226,33 @@ template <> struct LpWeight<LP_FMT_Q8_0> {
 //   Q4_1: d f16, m f16, qs[16]: d * q + m. x q8_1; the min meets the exact sum of the block's x values.
 //   Q5_0: d f16, qh u32, qs[16]: d * ((nibble | high bit << 4) - 16). x q8_0.
 //   Q5_1: d f16, m f16, qh u32, qs[16]: d * (nibble | high bit << 4) + m. x q8_1.
-template <bool HI, bool MIN> struct LpWeight32 {
-  static constexpr int BLOCK = 32, PIECE = 32, ACT = MIN ? LP_ACT_Q8_1 : LP_ACT_Q8_0;
+template <bool HI, bool MIN, LpLayout L> struct LpWeight32 {
+  static constexpr int BLOCK = 32, BYTES = 18 + (MIN ? 2 : 0) + (HI ? 4 : 0), PIECE = 32;
+  static constexpr int ACT = MIN ? LP_ACT_Q8_1 : LP_ACT_Q8_0;
   static constexpr uint32_t OFFSET = MIN ? 0 : (HI ? 16 : 8);  // subtracted from q where there is no min
-  const lp_half *d, *m;
-  const uint32_t* qh;
-  const uint8_t* qs;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d, m = {};
+  LpField<uint32_t, Cur::template STRIDE<4>> qh = {};
+  LpField<uint8_t, Cur::template STRIDE<16>> qs;
   int nb;  // blocks per row
   __device__ LpWeight32(const void* base, int rows, int k) : nb(k / 32) {
-    LpPlaneCursor c(base, rows, nb);
-    d = c.next<lp_half>(2);
-    m = MIN ? c.next<lp_half>(2) : nullptr;
-    qh = HI ? c.next<uint32_t>(4) : nullptr;
-    qs = c.next<uint8_t>(16);
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    if (MIN) m = c.template next<lp_half, 2>();
+    if (HI) qh = c.template next<uint32_t, 4>();
+    qs = c.template next<uint8_t, 16>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 32;
     const int j = i % 32;
-    int q = j < 16 ? qs[blk * 16 + j] & 0xF : qs[blk * 16 + j - 16] >> 4;
+    int q = j < 16 ? qs.at(blk)[j] & 0xF : qs.at(blk)[j - 16] >> 4;
     if constexpr (HI) q |= ((qh[blk] >> j) & 1) << 4;
     if constexpr (MIN) return lp_mul_rn(lp_h2f(d[blk]), (float)q) + lp_h2f(m[blk]);
     else return lp_h2f(d[blk]) * (float)(q - (int)OFFSET);
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const size_t blk = row * nb + p;
-    const lp_u4 q = lp_load16(qs + blk * 16);
+    const lp_u4 q = lp_load16(qs.at(blk));
     const uint32_t h = HI ? qh[blk] : 0u;
     lp_u4 v[2];  // values 4j.. and 16 + 4j.. (high bits 4j.. and 16 + 4j..), as int8 q - OFFSET
     #pragma unroll
@@ -241,17 +268,17 @@ template <bool HI, bool MIN> struct LpWeight32 {
     lp_dot_block32<C, 2, MIN>(x, nb, p, 0, v, lp_h2f(d[blk]), MIN ? lp_h2f(m[blk]) : 0.0f, ncols, acc);
   }
 };
-template <> struct LpWeight<LP_FMT_Q4_0> : LpWeight32<false, false> {
-  using LpWeight32<false, false>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_0, L> : LpWeight32<false, false, L> {
+  using LpWeight32<false, false, L>::LpWeight32;
 };
-template <> struct LpWeight<LP_FMT_Q4_1> : LpWeight32<false, true> {
-  using LpWeight32<false, true>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_1, L> : LpWeight32<false, true, L> {
+  using LpWeight32<false, true, L>::LpWeight32;
 };
-template <> struct LpWeight<LP_FMT_Q5_0> : LpWeight32<true, false> {
-  using LpWeight32<true, false>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_0, L> : LpWeight32<true, false, L> {
+  using LpWeight32<true, false, L>::LpWeight32;
 };
-template <> struct LpWeight<LP_FMT_Q5_1> : LpWeight32<true, true> {
-  using LpWeight32<true, true>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_1, L> : LpWeight32<true, true, L> {
+  using LpWeight32<true, true, L>::LpWeight32;
 };
 
 // The K-quants meet q8_k activations super-block by super-block: acc[c] += the activation's scale times
@@ -289,35 +316,37 @@ __device__ __forceinline__ void lp_dot_block256(const LpX& x, int nb, int b, int
 // (formats.bits(qs, 2, 32)). x q8_k. A piece is 16 qs bytes = 64 values; 4 lanes per super-block:
 // lane l (G = l / 2, h = l % 2) takes qs[32G + 16h, +16): values 128G + 32s + 16h + t (s < 4, t < 16),
 // sub-blocks 8G + 2s + h.
-template <> struct LpWeight<LP_FMT_Q2_K> {
-  static constexpr int BLOCK = 256, PIECE = 64, ACT = LP_ACT_Q8_K;
-  const uint8_t *scales, *qs;
-  const lp_half *d, *dmin;
+template <LpLayout L> struct LpWeight<LP_FMT_Q2_K, L> {
+  static constexpr int BLOCK = 256, BYTES = 84, PIECE = 64, ACT = LP_ACT_Q8_K;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<uint8_t, Cur::template STRIDE<16>> scales;
+  LpField<uint8_t, Cur::template STRIDE<64>> qs;
+  LpField<lp_half, Cur::template STRIDE<2>> d, dmin;
   int nb;  // blocks per row
   __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
-    LpPlaneCursor c(base, rows, nb);
-    scales = c.next<uint8_t>(16);
-    qs = c.next<uint8_t>(64);
-    d = c.next<lp_half>(2);
-    dmin = c.next<lp_half>(2);
+    Cur c(base, rows, nb);
+    scales = c.template next<uint8_t, 16>();
+    qs = c.template next<uint8_t, 64>();
+    d = c.template next<lp_half, 2>();
+    dmin = c.template next<lp_half, 2>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256;
-    const int sc = scales[blk * 16 + j / 16];
+    const int sc = scales.at(blk)[j / 16];
     const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)(sc & 0xF));
     const float ml = lp_mul_rn(lp_h2f(dmin[blk]), (float)(sc >> 4));
-    const int q = (qs[blk * 64 + 32 * (j / 128) + j % 32] >> (2 * (j % 128 / 32))) & 3;
+    const int q = (qs.at(blk)[32 * (j / 128) + j % 32] >> (2 * (j % 128 / 32))) & 3;
     return lp_mul_rn(dl, (float)q) - ml;
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 4, l = p % 4, G = l / 2, h = l % 2;
     const size_t blk = row * nb + b;
-    const lp_u4 q = lp_load16(qs + blk * 64 + 32 * G + 16 * h);
+    const lp_u4 q = lp_load16(qs.at(blk) + 32 * G + 16 * h);
     int sc[4], mn[4];  // sub-block 8G + 2s + h
     #pragma unroll
     for (int s = 0; s < 4; ++s) {
-      const int v = scales[blk * 16 + 8 * G + 2 * s + h];
+      const int v = scales.at(blk)[8 * G + 2 * s + h];
       sc[s] = v & 0xF;
       mn[s] = v >> 4;
     }
@@ -333,31 +362,34 @@ template <> struct LpWeight<LP_FMT_Q2_K> {
 // qs[32G + i] (formats.bits(qs, 2, 32)), value v its mask bit at bit v / 32 of hmask[v % 32]
 // (formats.bits(hmask, 1, 32)). x q8_k. Pieces as Q2_K: lane l (G = l / 2, h = l % 2) takes
 // qs[32G + 16h, +16) and hmask[16h, +16) (mask bits 4G + s).
-template <> struct LpWeight<LP_FMT_Q3_K> {
-  static constexpr int BLOCK = 256, PIECE = 64, ACT = LP_ACT_Q8_K;
-  const uint8_t *hmask, *qs, *scales;
-  const lp_half* d;
+template <LpLayout L> struct LpWeight<LP_FMT_Q3_K, L> {
+  static constexpr int BLOCK = 256, BYTES = 110, PIECE = 64, ACT = LP_ACT_Q8_K;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<uint8_t, Cur::template STRIDE<32>> hmask;
+  LpField<uint8_t, Cur::template STRIDE<64>> qs;
+  LpField<uint8_t, Cur::template STRIDE<12>> scales;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
   int nb;  // blocks per row
   __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
-    LpPlaneCursor c(base, rows, nb);
-    hmask = c.next<uint8_t>(32);
-    qs = c.next<uint8_t>(64);
-    scales = c.next<uint8_t>(12);
-    d = c.next<lp_half>(2);
+    Cur c(base, rows, nb);
+    hmask = c.template next<uint8_t, 32>();
+    qs = c.template next<uint8_t, 64>();
+    scales = c.template next<uint8_t, 12>();
+    d = c.template next<lp_half, 2>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256;
-    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)lp_q3k_scale(LpScaleBytes{scales + blk * 12}, j / 16));
-    const int low = (qs[blk * 64 + 32 * (j / 128) + j % 32] >> (2 * (j % 128 / 32))) & 3;
-    const int high = ((hmask[blk * 32 + j % 32] >> (j / 32)) & 1) ^ 1;  // a clear bit means "subtract 4"
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)lp_q3k_scale(LpScaleBytes{scales.at(blk)}, j / 16));
+    const int low = (qs.at(blk)[32 * (j / 128) + j % 32] >> (2 * (j % 128 / 32))) & 3;
+    const int high = ((hmask.at(blk)[j % 32] >> (j / 32)) & 1) ^ 1;  // a clear bit means "subtract 4"
     return dl * (float)(low - (high << 2));
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 4, l = p % 4, G = l / 2, h = l % 2;
     const size_t blk = row * nb + b;
-    const lp_u4 q = lp_load16(qs + blk * 64 + 32 * G + 16 * h);
-    const lp_u4 hm = lp_load16(hmask + blk * 32 + 16 * h);
+    const lp_u4 q = lp_load16(qs.at(blk) + 32 * G + 16 * h);
+    const lp_u4 hm = lp_load16(hmask.at(blk) + 16 * h);
     uint32_t w[4][4];  // [s][j]: values 128G + 32s + 16h + 4j.., as int8 (low | mask bit << 2) - 4
     int sc[4];
     #pragma unroll
@@ -368,7 +400,7 @@ template <> struct LpWeight<LP_FMT_Q3_K> {
         const uint32_t bit = (hm.w[j] >> (4 * G + s)) & 0x01010101u;
         w[s][j] = lp_sub_bytes(low | (bit << 2), 4u);
       }
-      sc[s] = lp_q3k_scale(LpScaleBytes{scales + blk * 12}, 8 * G + 2 * s + h);
+      sc[s] = lp_q3k_scale(LpScaleBytes{scales.at(blk)}, 8 * G + 2 * s + h);
     }
     lp_dot_block256<C, 4, false>(x, nb, b, 128 * G + 16 * h, 32, 0, [&](int s, int j) { return w[s][j]; }, sc,
                                  nullptr, lp_h2f(d[blk]), 0.0f, ncols, acc);
@@ -382,34 +414,37 @@ template <> struct LpWeight<LP_FMT_Q3_K> {
 // super-block: lane l (g = l / 2, h = l % 2) takes qs[32g + 16h, +16): low nibbles are values
 // 64g + 16h + t (sub-block 2g, bsum 4g + h), high nibbles 64g + 32 + 16h + t (sub-block 2g + 1, bsum
 // 4g + 2 + h); Q5_K's high bits for both are in qh[16h, +16).
-template <bool Q5> struct LpWeightK45 {
-  static constexpr int BLOCK = 256, PIECE = 32, ACT = LP_ACT_Q8_K;
-  const lp_half *d, *dmin;
-  const uint8_t *scales, *qh, *qs;
+template <bool Q5, LpLayout L> struct LpWeightK45 {
+  static constexpr int BLOCK = 256, BYTES = Q5 ? 176 : 144, PIECE = 32, ACT = LP_ACT_Q8_K;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d, dmin;
+  LpField<uint8_t, Cur::template STRIDE<12>> scales;
+  LpField<uint8_t, Cur::template STRIDE<32>> qh = {};
+  LpField<uint8_t, Cur::template STRIDE<128>> qs;
   int nb;  // blocks per row
   __device__ LpWeightK45(const void* base, int rows, int k) : nb(k / 256) {
-    LpPlaneCursor c(base, rows, nb);
-    d = c.next<lp_half>(2);
-    dmin = c.next<lp_half>(2);
-    scales = c.next<uint8_t>(12);
-    qh = Q5 ? c.next<uint8_t>(32) : nullptr;
-    qs = c.next<uint8_t>(128);
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    dmin = c.template next<lp_half, 2>();
+    scales = c.template next<uint8_t, 12>();
+    if (Q5) qh = c.template next<uint8_t, 32>();
+    qs = c.template next<uint8_t, 128>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256;
     int sc, mn;
-    lp_k_scale_min(LpScaleBytes{scales + blk * 12}, j / 32, sc, mn);
+    lp_k_scale_min(LpScaleBytes{scales.at(blk)}, j / 32, sc, mn);
     const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)sc);
     const float ml = lp_mul_rn(lp_h2f(dmin[blk]), (float)mn);
-    int q = (qs[blk * 128 + 32 * (j / 64) + j % 32] >> (4 * (j % 64 / 32))) & 0xF;
-    if (Q5) q |= ((qh[blk * 32 + j % 32] >> (j / 32)) & 1) << 4;
+    int q = (qs.at(blk)[32 * (j / 64) + j % 32] >> (4 * (j % 64 / 32))) & 0xF;
+    if (Q5) q |= ((qh.at(blk)[j % 32] >> (j / 32)) & 1) << 4;
     return lp_mul_rn(dl, (float)q) - ml;
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 8, l = p % 8, g = l / 2, h = l % 2;
     const size_t blk = row * nb + b;
-    const lp_u4 q = lp_load16(qs + blk * 128 + 16 * l);
+    const lp_u4 q = lp_load16(qs.at(blk) + 16 * l);
     uint32_t lo[4], hi[4];  // values 64g + 16h + 4j.. and 64g + 32 + 16h + 4j..
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -417,7 +452,7 @@ template <bool Q5> struct LpWeightK45 {
       hi[j] = (q.w[j] >> 4) & 0x0F0F0F0Fu;
     }
     if constexpr (Q5) {
-      const lp_u4 qb = lp_load16(qh + blk * 32 + 16 * h);
+      const lp_u4 qb = lp_load16(qh.at(blk) + 16 * h);
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         lo[j] |= ((qb.w[j] >> (2 * g)) & 0x01010101u) << 4;
@@ -425,18 +460,18 @@ template <bool Q5> struct LpWeightK45 {
       }
     }
     int sc[2], mn[2];  // sub-blocks 2g, 2g + 1
-    lp_k_scale_min(LpScaleBytes{scales + blk * 12}, 2 * g, sc[0], mn[0]);
-    lp_k_scale_min(LpScaleBytes{scales + blk * 12}, 2 * g + 1, sc[1], mn[1]);
+    lp_k_scale_min(LpScaleBytes{scales.at(blk)}, 2 * g, sc[0], mn[0]);
+    lp_k_scale_min(LpScaleBytes{scales.at(blk)}, 2 * g + 1, sc[1], mn[1]);
     lp_dot_block256<C, 2, true>(x, nb, b, 64 * g + 16 * h, 32, 4 * g + h,
                                 [&](int u, int j) { return u ? hi[j] : lo[j]; }, sc, mn, lp_h2f(d[blk]),
                                 lp_h2f(dmin[blk]), ncols, acc);
   }
 };
-template <> struct LpWeight<LP_FMT_Q4_K> : LpWeightK45<false> {
-  using LpWeightK45<false>::LpWeightK45;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_K, L> : LpWeightK45<false, L> {
+  using LpWeightK45<false, L>::LpWeightK45;
 };
-template <> struct LpWeight<LP_FMT_Q5_K> : LpWeightK45<true> {
-  using LpWeightK45<true>::LpWeightK45;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_K, L> : LpWeightK45<true, L> {
+  using LpWeightK45<true, L>::LpWeightK45;
 };
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16. Sub-block j (16 values): d * scales[j] * (q - 32), q the
@@ -446,39 +481,41 @@ template <> struct LpWeight<LP_FMT_Q5_K> : LpWeightK45<true> {
 // u = l % 4) takes ql[64G + 16u, +16): low nibbles are values 128G + 16u + t (sub-block 8G + u, high
 // bits at shift 2 * (u / 2)), high nibbles 128G + 64 + 16u + t (sub-block 8G + 4 + u, shift 4 + 2 * (u / 2));
 // both read qh[32G + 16 * (u % 2), +16).
-template <> struct LpWeight<LP_FMT_Q6_K> {
-  static constexpr int BLOCK = 256, PIECE = 32, ACT = LP_ACT_Q8_K;
-  const uint8_t *ql, *qh;
-  const int8_t* scales;
-  const lp_half* d;
+template <LpLayout L> struct LpWeight<LP_FMT_Q6_K, L> {
+  static constexpr int BLOCK = 256, BYTES = 210, PIECE = 32, ACT = LP_ACT_Q8_K;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<uint8_t, Cur::template STRIDE<128>> ql;
+  LpField<uint8_t, Cur::template STRIDE<64>> qh;
+  LpField<int8_t, Cur::template STRIDE<16>> scales;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
   int nb;  // blocks per row
   __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
-    LpPlaneCursor c(base, rows, nb);
-    ql = c.next<uint8_t>(128);
-    qh = c.next<uint8_t>(64);
-    scales = c.next<int8_t>(16);
-    d = c.next<lp_half>(2);
+    Cur c(base, rows, nb);
+    ql = c.template next<uint8_t, 128>();
+    qh = c.template next<uint8_t, 64>();
+    scales = c.template next<int8_t, 16>();
+    d = c.template next<lp_half, 2>();
   }
   __device__ float value(size_t row, int i) const {
     const size_t blk = row * nb + i / 256;
     const int j = i % 256, G = j / 128, r = j % 128;
-    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)scales[blk * 16 + j / 16]);
-    const int nib = (ql[blk * 128 + 64 * G + r % 64] >> (4 * (r / 64))) & 0xF;
-    const int high = (qh[blk * 64 + 32 * G + r % 32] >> (2 * (r / 32))) & 3;
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)scales.at(blk)[j / 16]);
+    const int nib = (ql.at(blk)[64 * G + r % 64] >> (4 * (r / 64))) & 0xF;
+    const int high = (qh.at(blk)[32 * G + r % 32] >> (2 * (r / 32))) & 3;
     return dl * (float)((nib | (high << 4)) - 32);
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 8, l = p % 8, G = l / 4, u = l % 4, shift = 2 * (u / 2);
     const size_t blk = row * nb + b;
-    const lp_u4 q = lp_load16(ql + blk * 128 + 64 * G + 16 * u);
-    const lp_u4 hb = lp_load16(qh + blk * 64 + 32 * G + 16 * (u % 2));
+    const lp_u4 q = lp_load16(ql.at(blk) + 64 * G + 16 * u);
+    const lp_u4 hb = lp_load16(qh.at(blk) + 32 * G + 16 * (u % 2));
     uint32_t lo[4], hi[4];  // values 128G + 16u + 4j.. and 128G + 64 + 16u + 4j.., as int8 q - 32
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       lo[j] = lp_sub_bytes((q.w[j] & 0x0F0F0F0Fu) | (((hb.w[j] >> shift) & 0x03030303u) << 4), 32u);
       hi[j] = lp_sub_bytes(((q.w[j] >> 4) & 0x0F0F0F0Fu) | (((hb.w[j] >> (shift + 4)) & 0x03030303u) << 4), 32u);
     }
-    const int sc[2] = {scales[blk * 16 + 8 * G + u], scales[blk * 16 + 8 * G + 4 + u]};
+    const int sc[2] = {scales.at(blk)[8 * G + u], scales.at(blk)[8 * G + 4 + u]};
     lp_dot_block256<C, 2, false>(x, nb, b, 128 * G + 16 * u, 64, 0, [&](int v, int j) { return v ? hi[j] : lo[j]; },
                                  sc, nullptr, lp_h2f(d[blk]), 0.0f, ncols, acc);
   }
@@ -489,11 +526,12 @@ template <> struct LpWeight<LP_FMT_Q6_K> {
 // acc[c] = row `row` of w . activation column c, for c < ncols, summed over the whole wave: lane l takes
 // pieces l, l + WAVE, ... (consecutive lanes, consecutive 16-byte chunks), then the lanes' partial sums
 // meet in a butterfly, which leaves every lane with the same totals. Every lane of the wave must call it.
-template <int F, int C>
-__device__ __forceinline__ void lp_row_dot(const LpWeight<F>& w, size_t row, const LpX& x, int ncols, float (&acc)[C]) {
+template <int F, int C, LpLayout L>
+__device__ __forceinline__ void lp_row_dot(const LpWeight<F, L>& w, size_t row, const LpX& x, int ncols,
+                                           float (&acc)[C]) {
   #pragma unroll
   for (int c = 0; c < C; ++c) acc[c] = 0.0f;
-  const int pieces = x.k / LpWeight<F>::PIECE;
+  const int pieces = x.k / LpWeight<F, L>::PIECE;
   for (int p = lp_lane(); p < pieces; p += WAVE) w.template dot<C>(row, p, x, ncols, acc);
   #pragma unroll
   for (int c = 0; c < C; ++c) acc[c] = lp_wave_sum(acc[c]);

@@ -9,7 +9,7 @@
 //     of its vocabulary slice, one row per wave (quant.cuh's lp_row_dot, exactly as the mat-vec), and
 //     keep the best (logit, index) per activation row; each block writes its best to part[row][block].
 //  3. lp_tail_reduce: grid (rows); one block reduces a row's partial bests to one int32.
-// "Best" is np.argmax's order (lp_better): the largest value, a NaN before any number, the lower index
+// "Best" is np.argmax's order (common.cuh lp_better): the largest value, a NaN before any number, the lower index
 // on ties; it is a total order, so the split into slices and waves cannot change the answer.
 //
 // Why it is fast: the head is the largest weight a decode step reads, and kernel 2 reads it once with
@@ -19,20 +19,6 @@
 // loop, made ptxas spill.
 #include "norm.cu"
 #include "quant.cuh"
-
-struct LpBest {
-  float v;
-  int i;
-};
-
-// does (v, i) come before (bv, bi) in np.argmax's order?
-__device__ __forceinline__ bool lp_better(float v, int i, float bv, int bi) {
-  const bool nan = v != v, bnan = bv != bv;
-  if (nan || bnan) return nan && (!bnan || i < bi);
-  return v > bv || (v == bv && i < bi);
-}
-
-__device__ __forceinline__ LpBest lp_no_best() { return {-__builtin_huge_valf(), 0x7fffffff}; }
 
 // out row lp_bid() = pack[ACT](rmsnorm(x, norm)); out: packed activations [rows, k] (f16: halves)
 template <int ACT>

@@ -1,0 +1,517 @@
+// matmul.h: the projections on the CPU (ops matmul, matmul_segmented, matmul_residual; CPU twin
+// runtime/cpu_kernels.py matmul) and the row loop the fused tail shares (tail.h).
+//
+// y[c, j] = x[c] . W[j] for activation rows c < rows and weight rows j < n, as integer dot products of
+// the weight's quantized values with the packed 8-bit activations (q8_0 / q8_1 / q8_k, field planes as
+// in the arena: common.cuh lp_q8_rows), the per-block scales applied in float; f16 / bf16 / f32
+// weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
+// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>).
+//
+// Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
+// gate|up are one launch); pool.h hands tasks to threads as they come free, so each thread streams
+// contiguous stretches of every weight. Each output element is computed by one task alone.
+//
+// Paths (simd.h):
+//   scalar: quant.cuh's own dot<C> per piece (the GPU mat-vec's arithmetic, pieces in order), C = 4
+//     activation rows per pass over a weight row;
+//   avx2 / avx512: register tiles of RT weight rows x CT activation rows (engines below; 256-bit on
+//     avx2, 512-bit integer engines on avx512), activation rows in the outer loop so a tile's
+//     activations stay in L1. With more activation rows than one tile holds, a task first unpacks its
+//     weight rows into a thread-local scratch (unpack.h: whole-byte values and plain scales, one pass
+//     over the weight bytes) that every tile reuses; with fewer (decode), the 32-value formats' tiles
+//     decode the blocks as they read them. Both give a tile the same integers and floats.
+// In every path an output's operations and their order depend only on its weight row and activation
+// row: never on the row count, the tile it falls in, or the thread. A row's result is the same batched
+// or alone.
+#pragma once
+#include <vector>
+
+#include "pool.h"
+#include "quant.cuh"
+#include "simd.h"
+#include "unpack.h"
+
+namespace lp_cpu {
+
+// --- the activation operand ------------------------------------------------------------------------
+
+// Packed activations [rows, k] as the SIMD engines read them: q8 blocks' int8 values, per-block scales
+// as float (q8_0 / q8_1 f16 scales widened here once per launch), q8_1's exact block sums times the
+// scale (for the weight's min; the buffer's own f16 `s` plane is rounded and not read), q8_k's 16-value
+// sums; or plain f16 / bf16 / f32 values.
+struct Acts {
+  int rows = 0, k = 0;
+  const void* base = nullptr;
+  const int8_t* qs = nullptr;
+  const float* d = nullptr;       // q8_0 / q8_1: [rows, k / 32]; q8_k: [rows, k / 256]
+  const float* s = nullptr;       // q8_1: d * (exact sum of the block's values) [rows, k / 32]
+  const int16_t* bsums = nullptr; // q8_k: [rows, k / 16]
+  std::vector<float> own;         // storage of d and s where they are computed here
+};
+
+template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k) {
+  a.rows = rows, a.k = k, a.base = x;
+  if constexpr (ACT == LP_ACT_Q8_0 || ACT == LP_ACT_Q8_1 || ACT == LP_ACT_Q8_K) {
+    const Q8Rows q = lp_q8_rows((void*)x, rows, k, ACT);
+    a.qs = q.qs;
+    if constexpr (ACT == LP_ACT_Q8_K) {
+      a.d = (const float*)q.d;
+      a.bsums = q.bsums;
+    } else {
+      const size_t nb = (size_t)rows * (k / 32);
+      a.own.resize(ACT == LP_ACT_Q8_1 ? 2 * nb : nb);
+      for (size_t b = 0; b < nb; ++b) a.own[b] = lp_h2f(((const lp_half*)q.d)[b]);
+      if constexpr (ACT == LP_ACT_Q8_1) {
+        for (size_t b = 0; b < nb; ++b) {
+          int sum = 0;
+          for (int i = 0; i < 32; ++i) sum += q.qs[b * 32 + i];
+          a.own[nb + b] = a.own[b] * (float)sum;
+        }
+        a.s = a.own.data() + nb;
+      }
+      a.d = a.own.data();
+    }
+  }
+}
+
+// the activation format each weight format takes on the CPU (quant.cuh's, with f32 and bf16 values for
+// f32 and bf16 weights: core/formats.py ACTIVATION_FORMAT)
+enum { LP_ACT_F32 = 5, LP_ACT_BF16 = 6 };
+template <int F> constexpr int act_of() {
+  if constexpr (F == LP_FMT_F32) return LP_ACT_F32;
+  else if constexpr (F == LP_FMT_BF16) return LP_ACT_BF16;
+  else return LpWeight<F>::ACT;
+}
+
+// --- the scalar path ----------------------------------------------------------------------------------
+
+constexpr int SCALAR_COLUMNS = 4;
+
+// values i0 .. k - 1 of a float-weight row against activation row `col` (f32, f16 or bf16 values, as the
+// weight), in order, one float sum: the whole row for f32 / bf16 weights (quant.cuh has no dot for
+// them), the k % 8 values past the last 8-value piece for f16
+template <int F>
+inline float value_dot(const LpWeight<F, LP_BLOCKS>& w, size_t row, const void* x, int col, int k, int i0) {
+  float acc = 0.0f;
+  for (int i = i0; i < k; ++i) {
+    const size_t at = (size_t)col * k + i;
+    float xv;
+    if constexpr (F == LP_FMT_F32) xv = ((const float*)x)[at];
+    else if constexpr (F == LP_FMT_F16) xv = lp_bits_h2f(((const uint16_t*)x)[at]);
+    else xv = __builtin_bit_cast(float, (uint32_t)((const uint16_t*)x)[at] << 16);
+    acc += w.value(row, i) * xv;
+  }
+  return acc;
+}
+
+template <int F, class Out>
+inline void rows_scalar(const LpWeight<F, LP_BLOCKS>& w, int r0, int r1, const Acts& a, Out& out) {
+  for (int row = r0; row < r1; ++row) {
+    if constexpr (F == LP_FMT_F32 || F == LP_FMT_BF16) {
+      for (int c = 0; c < a.rows; ++c) out(row, c, value_dot<F>(w, row, a.base, c, a.k, 0));
+    } else {
+      for (int c0 = 0; c0 < a.rows; c0 += SCALAR_COLUMNS) {
+        const int nc = lp_min(SCALAR_COLUMNS, a.rows - c0);
+        float acc[SCALAR_COLUMNS];
+        lp_row_dot<F, SCALAR_COLUMNS>(w, row, lp_x<LpWeight<F>::ACT>(a.base, a.rows, a.k, c0), nc, acc);
+        if constexpr (F == LP_FMT_F16) {
+          const int done = a.k / LpWeight<F>::PIECE * LpWeight<F>::PIECE;
+          for (int c = 0; c < nc; ++c) acc[c] += value_dot<F>(w, row, a.base, c0 + c, a.k, done);
+        }
+        for (int c = 0; c < nc; ++c) out(row, c0 + c, acc[c]);
+      }
+    }
+  }
+}
+
+#if LP_CPU_ISA >= 1
+// --- SIMD engines: register tiles ---------------------------------------------------------------------
+
+// register tiles (weight rows x activation rows) per engine, measured on an Ice Lake server core
+#if LP_CPU_ISA >= 2
+constexpr int RT_A = 4, CT_A = 4, RT_B = 2, CT_B = 4, RT_V = 4, CT_V = 4;
+#else
+constexpr int RT_A = 2, CT_A = 3, RT_B = 2, CT_B = 2, RT_V = 2, CT_V = 3;
+#endif
+
+#if LP_CPU_ISA >= 2
+inline float hsum16(__m512 v) {
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));
+  return hsum8(_mm256_add_ps(_mm512_castps512_ps256(v), hi));
+}
+inline __m512 pair_spread(__m128 p) {  // (p[0] x 8, p[1] x 8)
+  const __m512i lanes = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(p));
+}
+inline __m512 pair_spread(const float* p) { return pair_spread(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)p))); }
+
+#endif
+
+// Where engine A's tiles read a weight row's values and scales: the task's unpacked rows (many activation
+// rows: each row unpacked once for every tile), or the blocks themselves, decoded as a tile reads them (a
+// few activation rows: one tile per weight row, so nothing is decoded twice, and nothing is stored). The
+// values are the same integers and floats either way, so the result does not depend on which.
+struct FromUnpacked {
+  const UnpackedA& u;
+  __m256i q32(int row, int b) const { return load32(u.q(row) + 32 * b); }
+  float dw(int row, int b) const { return u.dw(row)[b]; }
+  float mw(int row, int b) const { return u.mw(row)[b]; }
+#if LP_CPU_ISA >= 2
+  __m512i q64(int row, int b) const { return _mm512_loadu_si512(u.q(row) + 32 * b); }
+  __m512 dw2(int row, int b) const { return pair_spread(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)(u.dw(row) + b)))); }
+#endif
+};
+template <int F> struct FromBlocks {
+  const LpWeight<F, LP_BLOCKS>& w;
+  size_t at(int row, int b) const { return (size_t)row * w.nb + b; }
+  __m256i q32(int row, int b) const { return Unpack<F>::block(w, at(row, b)); }
+  float dw(int row, int b) const { return Unpack<F>::d(w, at(row, b)); }
+  float mw(int row, int b) const { return Unpack<F>::m(w, at(row, b)); }
+#if LP_CPU_ISA >= 2
+  __m512i q64(int row, int b) const { return Unpack<F>::pair(w, at(row, b)); }
+  __m512 dw2(int row, int b) const {  // the two f16 scales widened at once
+    const size_t blk = at(row, b);
+    const __m128i h = _mm_insert_epi16(_mm_cvtsi32_si128(lp_ld<uint16_t>(w.d.at(blk))), lp_ld<uint16_t>(w.d.at(blk + 1)), 1);
+    return pair_spread(_mm_cvtph_ps(h));
+  }
+#endif
+};
+
+// Engine A (32-value blocks): per block b, 8 int32 partial sums of the block's products, converted
+// and accumulated in 8 float lanes with the scale dw * dx; the min (Q4_1 / Q5_1) adds mw * (dx * sum x)
+// in a float of its own. Lanes summed last (hsum8).
+template <bool SIGNED, bool MIN, int RT, int CT, class Src>
+inline void tile_a(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  const int nb = a.k / 32;
+  __m256 acc[RT][CT];
+  float macc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps(), macc[r][c] = 0.0f;
+  for (int b = 0; b < nb; ++b) {
+    __m256i w[RT], wa[RT];
+    __m256 dw[RT];
+    for (int r = 0; r < RT; ++r) {
+      w[r] = u.q32(r0 + r, b);
+      wa[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
+      dw[r] = _mm256_set1_ps(u.dw(r0 + r, b));
+    }
+    for (int c = 0; c < CT; ++c) {
+      const size_t xc = (size_t)(c0 + c);
+      const __m256i xv = load32(a.qs + xc * a.k + 32 * b);
+      const __m256 xd = _mm256_set1_ps(a.d[xc * nb + b]);
+      for (int r = 0; r < RT; ++r) {
+        const __m256i p = SIGNED ? dot_signed(wa[r], w[r], xv) : dot_unsigned(w[r], xv);
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[r], xd), acc[r][c]);
+        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r, b) * a.s[xc * nb + b];
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]) + macc[r][c];
+}
+
+// Engine B (K-quants): per super-block, int32 lanes of sum_j sc_j * (u_j . x_j) over the 16-value
+// sub-blocks j (unsigned values u, scales pairwise through vpmaddwd / vpdpwssd), and of
+// sum_j aux_j * bsum_j (aux: the offset times the scale, OFF formats, scaled by d; or the min, MIN
+// formats, scaled by dmin); then d * dk and da * dk applied in 8 float lanes, summed last.
+template <bool MIN, int RT, int CT>
+inline void tile_b(const UnpackedB& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  const int nsb = a.k / 256;
+  __m256 acc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nsb; ++sb) {
+    __m256i isum[RT][CT];
+    for (int r = 0; r < RT; ++r)
+      for (int c = 0; c < CT; ++c) isum[r][c] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const int at = 256 * sb + 32 * g;
+      __m256i w[RT], sc[RT];
+      for (int r = 0; r < RT; ++r) {
+        w[r] = load32(u.u(r0 + r) + at);
+        sc[r] = load32(u.scx(r0 + r) + at / 2);
+      }
+      for (int c = 0; c < CT; ++c) {
+        const __m256i xv = load32(a.qs + (size_t)(c0 + c) * a.k + at);
+        for (int r = 0; r < RT; ++r) isum[r][c] = dot_scaled(isum[r][c], w[r], xv, sc[r]);
+      }
+    }
+    __m256i aux[RT];
+    for (int r = 0; r < RT; ++r) aux[r] = load32(u.aux(r0 + r) + 16 * sb);
+    for (int c = 0; c < CT; ++c) {
+      const size_t xc = (size_t)(c0 + c);
+      const __m256i bs = load32(a.bsums + xc * (a.k / 16) + 16 * sb);
+      const float dk = a.d[xc * nsb + sb];
+      for (int r = 0; r < RT; ++r) {
+        const __m256i m = _mm256_madd_epi16(aux[r], bs);
+        const float d = u.d(r0 + r)[sb] * dk;
+        if constexpr (MIN) {
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(d), acc[r][c]);
+          acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(u.da(r0 + r)[sb] * dk), acc[r][c]);
+        } else {
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][c], m)), _mm256_set1_ps(d),
+                                      acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]);
+}
+
+#if LP_CPU_ISA >= 2
+// The AVX-512 path's engines A and B in 512-bit vectors: 64 values per instruction (two 32-value blocks
+// in lanes 0..7 and 8..15; two groups of a super-block), an odd last block of A through the 256-bit form.
+template <bool SIGNED, bool MIN, int RT, int CT, class Src>
+inline void tile_a512(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  const int nb = a.k / 32;
+  __m512 acc[RT][CT];
+  float macc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm512_setzero_ps(), macc[r][c] = 0.0f;
+  for (int b = 0; b + 2 <= nb; b += 2) {
+    __m512i wa[RT];
+    __mmask64 neg[RT];
+    __m512 dw[RT];
+    for (int r = 0; r < RT; ++r) {
+      const __m512i w = u.q64(r0 + r, b);
+      wa[r] = SIGNED ? _mm512_abs_epi8(w) : w;
+      neg[r] = SIGNED ? _mm512_movepi8_mask(w) : 0;
+      dw[r] = u.dw2(r0 + r, b);
+    }
+    for (int c = 0; c < CT; ++c) {
+      const size_t xc = (size_t)(c0 + c);
+      const __m512i xv = _mm512_loadu_si512(a.qs + xc * a.k + 32 * b);
+      const __m512 xd = pair_spread(a.d + xc * nb + b);
+      for (int r = 0; r < RT; ++r) {
+        const __m512i sx = SIGNED ? _mm512_mask_sub_epi8(xv, neg[r], _mm512_setzero_si512(), xv) : xv;
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wa[r], sx);
+        acc[r][c] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[r], xd), acc[r][c]);
+        if constexpr (MIN) {
+          macc[r][c] = macc[r][c] + u.mw(r0 + r, b) * a.s[xc * nb + b];
+          macc[r][c] = macc[r][c] + u.mw(r0 + r, b + 1) * a.s[xc * nb + b + 1];
+        }
+      }
+    }
+  }
+  float last[RT][CT] = {};
+  if (nb % 2) {  // the odd block: 8 lanes of its own
+    const int b = nb - 1;
+    for (int r = 0; r < RT; ++r) {
+      const __m256i w = u.q32(r0 + r, b);
+      const __m256i wa = SIGNED ? _mm256_sign_epi8(w, w) : w;
+      for (int c = 0; c < CT; ++c) {
+        const size_t xc = (size_t)(c0 + c);
+        const __m256i xv = load32(a.qs + xc * a.k + 32 * b);
+        const __m256i p = SIGNED ? dot_signed(wa, w, xv) : dot_unsigned(w, xv);
+        last[r][c] = hsum8(_mm256_mul_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(u.dw(r0 + r, b) * a.d[xc * nb + b])));
+        if constexpr (MIN) macc[r][c] = macc[r][c] + u.mw(r0 + r, b) * a.s[xc * nb + b];
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out[r][c] = hsum16(acc[r][c]) + last[r][c] + macc[r][c];
+}
+
+template <bool MIN, int RT, int CT>
+inline void tile_b512(const UnpackedB& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  const int nsb = a.k / 256;
+  __m256 acc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int sb = 0; sb < nsb; ++sb) {
+    __m512i isum[RT][CT];
+    for (int r = 0; r < RT; ++r)
+      for (int c = 0; c < CT; ++c) isum[r][c] = _mm512_setzero_si512();
+    for (int g = 0; g < 4; ++g) {
+      const int at = 256 * sb + 64 * g;
+      __m512i w[RT], sc[RT];
+      for (int r = 0; r < RT; ++r) {
+        w[r] = _mm512_loadu_si512(u.u(r0 + r) + at);
+        sc[r] = _mm512_loadu_si512(u.scx(r0 + r) + at / 2);
+      }
+      for (int c = 0; c < CT; ++c) {
+        const __m512i xv = _mm512_loadu_si512(a.qs + (size_t)(c0 + c) * a.k + at);
+        for (int r = 0; r < RT; ++r) isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(w[r], xv), sc[r]);
+      }
+    }
+    __m256i aux[RT];
+    for (int r = 0; r < RT; ++r) aux[r] = load32(u.aux(r0 + r) + 16 * sb);
+    for (int c = 0; c < CT; ++c) {
+      const size_t xc = (size_t)(c0 + c);
+      const __m256i bs = load32(a.bsums + xc * (a.k / 16) + 16 * sb);
+      const float dk = a.d[xc * nsb + sb];
+      for (int r = 0; r < RT; ++r) {
+        const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(isum[r][c]), _mm512_extracti64x4_epi64(isum[r][c], 1));
+        const __m256i m = _mm256_madd_epi16(aux[r], bs);
+        const float d = u.d(r0 + r)[sb] * dk;
+        if constexpr (MIN) {
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d), acc[r][c]);
+          acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(u.da(r0 + r)[sb] * dk), acc[r][c]);
+        } else {
+          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is, m)), _mm256_set1_ps(d), acc[r][c]);
+        }
+      }
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]);
+}
+#endif
+
+// Engine V (f32 / f16 / bf16 weights, read in place): 8 float lanes of products, then the k % 8 tail
+// in order, then the lanes.
+template <int F> inline __m256 load_v8(const void* p) {
+  if constexpr (F == LP_FMT_F32) return _mm256_loadu_ps((const float*)p);
+  else if constexpr (F == LP_FMT_F16) return load_h8(p);
+  else return load_bf8(p);
+}
+template <int F> inline float load_v1(const void* p) {
+  if constexpr (F == LP_FMT_F32) return *(const float*)p;
+  else if constexpr (F == LP_FMT_F16) return lp_bits_h2f(lp_ld<uint16_t>(p));
+  else return __builtin_bit_cast(float, (uint32_t)lp_ld<uint16_t>(p) << 16);
+}
+
+template <int F, int RT, int CT>
+inline void tile_v(const char* w, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+  constexpr int E = F == LP_FMT_F32 ? 4 : 2;  // bytes per value, weights and activations alike
+  const int k = a.k, k8 = k / 8 * 8;
+  const char* x = (const char*)a.base;
+  __m256 acc[RT][CT];
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int i = 0; i < k8; i += 8) {
+    __m256 wv[RT];
+    for (int r = 0; r < RT; ++r) wv[r] = load_v8<F>(w + ((size_t)(r0 + r) * k + i) * E);
+    for (int c = 0; c < CT; ++c) {
+      const __m256 xv = load_v8<F>(x + ((size_t)(c0 + c) * k + i) * E);
+      for (int r = 0; r < RT; ++r) acc[r][c] = _mm256_fmadd_ps(wv[r], xv, acc[r][c]);
+    }
+  }
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) {
+      float tail = 0.0f;
+      for (int i = k8; i < k; ++i)
+        tail += load_v1<F>(w + ((size_t)(r0 + r) * k + i) * E) * load_v1<F>(x + ((size_t)(c0 + c) * k + i) * E);
+      out[r][c] = hsum8(acc[r][c]) + tail;
+    }
+}
+
+// One tile of rt <= RT weight rows x ct <= CT activation rows: the same tile code at the exact size
+// (so an output's arithmetic never depends on the tile it lands in).
+template <int RT, int CT, class Tile, class Out>
+inline void run_tile(int rt, int ct, int r0, int c0, Tile& tile, Out& out) {
+  if constexpr (RT > 1) {
+    if (rt < RT) return run_tile<RT - 1, CT>(rt, ct, r0, c0, tile, out);
+  }
+  if constexpr (CT > 1) {
+    if (ct < CT) return run_tile<RT, CT - 1>(rt, ct, r0, c0, tile, out);
+  }
+  float v[RT][CT];
+  tile(v, r0, c0);
+  for (int r = 0; r < RT; ++r)
+    for (int c = 0; c < CT; ++c) out(r0 + r, c0 + c, v[r][c]);
+}
+
+template <int RT, int CT, class Tile, class Out>
+inline void tiles(int r0, int r1, const Acts& a, Tile tile, Out& out) {
+  for (int c0 = 0; c0 < a.rows; c0 += CT)
+    for (int rr = r0; rr < r1; rr += RT) run_tile<RT, CT>(lp_min(RT, r1 - rr), lp_min(CT, a.rows - c0), rr, c0, tile, out);
+}
+
+// weight rows [r0, r1) of w against every activation row; out(row, col, value)
+template <int F, class Out>
+inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, int r1, const Acts& a, Out& out) {
+  if constexpr (F == LP_FMT_F32 || F == LP_FMT_F16 || F == LP_FMT_BF16) {
+    tiles<RT_V, CT_V>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+      tile_v<F, RT, CT>((const char*)raw, rr, a, c0, v);
+    }, out);
+  } else if constexpr (Unpack<F>::KIND == UNPACK_A) {
+    auto run = [&](const auto& src) {
+      tiles<RT_A, CT_A>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+#if LP_CPU_ISA >= 2
+        tile_a512<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
+#else
+        tile_a<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
+#endif
+      }, out);
+    };
+    if (a.rows <= CT_A) return run(FromBlocks<F>{w});  // one tile per weight row: decode as read
+    static thread_local UnpackedA u;
+    u.reset(r0, r1, a.k);
+    for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
+    run(FromUnpacked{u});
+  } else {
+    static thread_local UnpackedB u;
+    u.reset(r0, r1, a.k);
+    for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
+    tiles<RT_B, CT_B>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+#if LP_CPU_ISA >= 2
+      tile_b512<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+#else
+      tile_b<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+#endif
+    }, out);
+  }
+}
+#endif
+
+// weight rows [r0, r1) of a weight in format F (rows n, row length a.k) against every activation row
+template <int F, class Out>
+inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, Out& out) {
+  const LpWeight<F, LP_BLOCKS> w(raw, n, a.k);
+#if LP_CPU_ISA >= 1
+  rows_simd<F>(w, raw, r0, r1, a, out);
+#else
+  rows_scalar<F>(w, r0, r1, a, out);
+#endif
+}
+
+constexpr int TASK_ROWS = 16;  // weight rows per task when the launch does not say (tune store: task_rows)
+
+// The row loop of a projection launch: weights w[s] (format F0, F1, F2; n[s] rows each) against the
+// packed activations x [rows, k]; out(task, segment, weight row, activation row, value) for every
+// output, each from one task. Returns the task count (tail.h keeps a best per task).
+template <int F0, int F1, int F2, int NSEG, class Out>
+inline int project(const void* x, const void* const* w, const int* n, int rows, int k, int task_rows, Out out) {
+  constexpr int ACT = act_of<F0>();
+  static_assert(NSEG == 1 || act_of<F1>() == ACT, "segments must take the same activations");
+  static_assert(NSEG < 3 || act_of<F2>() == ACT, "segments must take the same activations");
+  if (rows <= 0) return 0;
+  const int tr = task_rows > 0 ? task_rows : TASK_ROWS;
+  int first[NSEG + 1];
+  first[0] = 0;
+  for (int s = 0; s < NSEG; ++s) first[s + 1] = first[s] + (n[s] + tr - 1) / tr;
+  Acts a;
+  make_acts<ACT>(a, x, rows, k);
+  lp_parallel(first[NSEG], [&](int t) {
+    int s = 0;
+    while (t >= first[s + 1]) ++s;
+    const int r0 = (t - first[s]) * tr, r1 = lp_min(n[s], r0 + tr);
+    auto o = [&](int row, int col, float v) { out(t, s, row, col, v); };
+    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, o);
+    if constexpr (NSEG >= 2) {
+      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, o);
+    }
+    if constexpr (NSEG >= 3) {
+      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, o);
+    }
+  });
+  return first[NSEG];
+}
+
+// matmul / matmul_segmented (y_s = x . W_s^T) and matmul_residual (y0 = r + x . W0^T; r may be y0)
+template <int F0, int F1, int F2, int NSEG, bool RES>
+inline void matmul(const void* x, const void* w0, const void* w1, const void* w2, float* y0, float* y1, float* y2,
+                   const float* r, int rows, int k, int n0, int n1, int n2, int task_rows) {
+  static_assert(!RES || NSEG == 1, "the residual epilogue has one weight");
+  const void* w[3] = {w0, w1, w2};
+  const int n[3] = {n0, n1, n2};
+  float* y[3] = {y0, y1, y2};
+  project<F0, F1, F2, NSEG>(x, w, n, rows, k, task_rows, [&](int, int s, int row, int col, float v) {
+    const size_t at = (size_t)col * n[s] + row;
+    y[s][at] = RES ? r[at] + v : v;
+  });
+}
+
+}  // namespace lp_cpu

@@ -1,0 +1,50 @@
+// tail.h: the fused tail on the CPU, the greedy next token of each row (op tail_argmax; CPU twin
+// runtime/cpu_kernels.py tail_argmax): argmax over the vocabulary of pack(rmsnorm(x, norm)) . head^T.
+// The rows are normalised and packed as norm.h does (into a buffer of the kernel's own), then the head
+// runs through matmul.h's row loop, every task keeping the best (logit, index) per row of its head rows
+// (common.cuh lp_better: np.argmax's order, a total order), and the tasks' bests meet in task order:
+// no logit reaches memory, and the split cannot change the answer.
+#pragma once
+#include <vector>
+
+#include "matmul.h"
+#include "norm.h"
+
+namespace lp_cpu {
+
+// bytes of a packed [rows, k] buffer in format FMT (common.cuh lp_q8_rows' planes; plain values)
+template <int FMT> inline size_t packed_bytes(int rows, int k) {
+  const size_t n = (size_t)rows * k;
+  if constexpr (FMT == LP_OUT_Q8_0) return lp_align(n / 32 * 2) + n;
+  else if constexpr (FMT == LP_OUT_Q8_1) return 2 * lp_align(n / 32 * 2) + n;
+  else if constexpr (FMT == LP_OUT_Q8_K) return lp_align(n / 256 * 4) + lp_align(n) + n / 16 * 2;
+  else if constexpr (FMT == LP_OUT_F32) return 4 * n;
+  else return 2 * n;
+}
+
+// HF: the head's format; FMT: the packed format it takes (LP_OUT_*)
+template <int HF, int FMT>
+inline void tail_argmax(const float* x, const float* norm, const void* head, int* out, int rows, int k, int vocab,
+                        float eps, int task_rows) {
+  std::vector<uint64_t> packed((packed_bytes<FMT>(rows, k) + 7) / 8);
+  rmsnorm_pack<FMT>(x, norm, packed.data(), rows, k, eps);
+  const int tr = task_rows > 0 ? task_rows : TASK_ROWS;
+  const int tasks = (vocab + tr - 1) / tr;
+  std::vector<LpBest> best((size_t)tasks * rows, lp_no_best());
+  const void* w[1] = {head};
+  const int n[1] = {vocab};
+  project<HF, 0, 0, 1>(packed.data(), w, n, rows, k, tr, [&](int t, int, int row, int col, float v) {
+    LpBest& b = best[(size_t)t * rows + col];
+    if (lp_better(v, row, b.v, b.i)) b = {v, row};
+  });
+  for (int c = 0; c < rows; ++c) {
+    LpBest b = lp_no_best();
+    for (int t = 0; t < tasks; ++t) {
+      const LpBest& o = best[(size_t)t * rows + c];
+      if (lp_better(o.v, o.i, b.v, b.i)) b = o;
+    }
+    out[c] = b.i;
+  }
+}
+
+}  // namespace lp_cpu

@@ -1,0 +1,112 @@
+"""Projections on the CPU (codegen/cpu/matmul.h): ops matmul, matmul_segmented, matmul_residual, for
+every weight format, at any row count (decode's one row to a prefill chunk). CPU twin:
+runtime/cpu_kernels.py matmul.
+
+One call per launch. The kernel splits the out rows of its weights (up to 3 segments, each in its own
+format, all taking the same packed x) into tasks of `task_rows` consecutive rows that the pool's
+threads take as they come free; each task streams its rows of the weight once for all activation rows.
+
+Launch arguments, in order: x (packed q8_0 / q8_1 / q8_k activations, or f16 / bf16 / f32 values for
+float weights), the weights ({"weight": name, "layout": "blocks"}: the tensor's bytes in the mapped
+GGUF), the residual r (matmul_residual; it may be the output itself), the outputs [rows, n] f32, then
+rows (the activation's row count, usually the symbol "rows"), k, each weight's out rows, task_rows.
+
+Members: "t8", "t16", "t32", "t64": weight rows per task (TASK_ROWS). Every member gives the same bits;
+which is fastest depends on the shape and the machine (the tune store's decision); without a member,
+DEFAULT_TASK_ROWS.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from llmplan.core.formats import ACTIVATION_FORMAT
+
+from ..kernel import Context, Kernel, Launch, scalar
+
+FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
+                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
+TASK_ROWS = (8, 16, 32, 64)
+DEFAULT_TASK_ROWS = 16
+MEMBERS = tuple(f"t{n}" for n in TASK_ROWS)
+OPS = ("matmul", "matmul_segmented", "matmul_residual")
+
+
+class CpuMatmulError(ValueError):
+    """A launch this family cannot serve (format, shape); the message names the weight."""
+
+
+def in_place(ref: dict[str, Any]) -> dict[str, Any]:
+    """A weight read as the mapped file holds it."""
+    return {"weight": ref["weight"], "layout": "blocks"}
+
+
+def check_weight(ctx: Context, ref: dict[str, Any], what: str = "matmul") -> tuple[str, int, int]:
+    """(format, out rows, in) of a weight the kernels can read, else CpuMatmulError."""
+    fmt = ctx.weights[ref["weight"]][0].upper()
+    n, k = ctx.shape(ref)
+    if fmt not in FORMATS:
+        raise CpuMatmulError(f"{what}: weight {ref['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
+    if k % BLOCK_VALUES[fmt]:
+        raise CpuMatmulError(f"{what}: weight {ref['weight']} ({fmt}) has rows of {k}, not a multiple of "
+                             f"{BLOCK_VALUES[fmt]}")
+    return fmt, n, k
+
+
+def task_rows(launch: dict[str, Any]) -> int:
+    m = re.fullmatch(r"t(\d+)", str(launch.get("member") or ""))
+    return int(m.group(1)) if m and int(m.group(1)) in TASK_ROWS else DEFAULT_TASK_ROWS
+
+
+def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+    return [f"t{DEFAULT_TASK_ROWS}", *(m for m in MEMBERS if m != f"t{DEFAULT_TASK_ROWS}")]
+
+
+def kernel(formats: list[str], residual: bool) -> Kernel:
+    """The kernel for these segment formats and epilogue."""
+    nseg = len(formats)
+    assert 1 <= nseg <= 3 and not (residual and nseg > 1)
+    acts = {ACTIVATION_FORMAT[f.lower()] for f in formats}
+    if len(acts) != 1:
+        raise CpuMatmulError(f"segments {'/'.join(formats)} take different activations ({', '.join(sorted(acts))})")
+    fmts = "_".join(f.lower() for f in (formats if len(set(formats)) > 1 else formats[:1]))
+    name = f"lp_cpu_matmul_{fmts}_seg{nseg}_res{int(residual)}"
+    ws = [f"w{i}" for i in range(nseg)]
+    ys = [f"y{i}" for i in range(nseg)]
+    params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
+              + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)]
+              + ["int task_rows"])
+    pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
+    codes = pad([f"LP_FMT_{f}" for f in formats], "0")
+    call = (f"lp_cpu::matmul<{codes}, {nseg}, {'true' if residual else 'false'}>(x, {pad(ws, 'nullptr')}, "
+            f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, "
+            f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows)")
+    entry = f"LP_KERNEL void {name}({', '.join(params)}) {{ {call}; }}"
+    return Kernel(name, "matmul", "matmul.h", entry, 0)
+
+
+def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
+    op = launch["op"]
+    if op not in OPS:
+        raise CpuMatmulError(f"the CPU matmul family does not implement {op}")
+    args, outs = launch["args"], launch["outs"]
+    x = args[0]
+    residual = op == "matmul_residual"
+    weights = args[1:2] if residual else args[1:]
+    if not 1 <= len(weights) <= 3 or len(outs) != len(weights):
+        raise CpuMatmulError(f"{op}: {len(weights)} weights and {len(outs)} outputs (the kernels take 1 to 3)")
+    checked = [check_weight(ctx, w, op) for w in weights]
+    formats = [f for f, _, _ in checked]
+    rows, k = ctx.shape(x)
+    for (_, _, wk), w in zip(checked, weights):
+        if wk != k:
+            raise CpuMatmulError(f"{op}: weight {w['weight']} has rows of {wk}, the activation {k}")
+    want = ACTIVATION_FORMAT[formats[0].lower()]
+    if ctx.dtype(x) != want:
+        raise CpuMatmulError(f"{op}: a {formats[0]} weight takes {want} activations, not {ctx.dtype(x)}")
+    refs = [x, *(in_place(w) for w in weights), *([args[2]] if residual else []), *outs]
+    return [Launch(kernel(formats, residual), (1,),
+                   refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked]
+                   + [scalar(task_rows(launch))])]

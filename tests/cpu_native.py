@@ -1,0 +1,69 @@
+"""What the CPU target's kernel tests (tests/test_cpu_native_*.py) share: each catalog built once per SIMD
+path this machine has (the scalar path always), launches run through codegen/cpu_build.CpuLibrary, and
+random weights as the GGUF stores them (blocks, read in place)."""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from kernel_inputs import random_blocks
+from llmplan.codegen import cpu_build
+from llmplan.codegen.kernel import Context, Kernel, Launch
+from llmplan.core.formats import FORMATS, dequantize
+
+# every path this machine runs; under CI a missing compiler fails instead of skipping
+ISAS = list(cpu_build.host_isas())
+needs_compiler = pytest.mark.skipif(not os.environ.get("CI") and not cpu_build.available(),
+                                    reason="the CPU target needs clang++-19")
+
+
+@functools.cache
+def _library(kernels: tuple[Kernel, ...], isa: str) -> cpu_build.CpuLibrary:
+    return cpu_build.CpuLibrary(list(kernels), isa)
+
+
+def library(catalog: Callable[[], list[Kernel]], isa: str) -> cpu_build.CpuLibrary:
+    """The catalog's kernels built for one SIMD path (once per test session)."""
+    return _library(tuple(catalog()), isa)
+
+
+def run(lib: cpu_build.CpuLibrary, launches: list[Launch], arrays: dict[str, np.ndarray], dims: dict[str, int]) -> None:
+    """Run launches binding each reference by a key: "buf:N", "weight:NAME", "state:NAME", "cache",
+    "table"."""
+    def bind(ref: dict[str, Any]) -> np.ndarray:
+        if "buf" in ref:
+            return arrays[f"buf:{ref['buf']}"]
+        if "weight" in ref:
+            return arrays[f"weight:{ref['weight']}"]
+        if "state" in ref:
+            return arrays[f"state:{ref['state']}"]
+        if "cache" in ref:
+            return arrays["cache"]
+        if "rope_table" in ref:
+            return arrays["table"]
+        raise KeyError(ref)
+
+    for ln in launches:
+        lib.launch(ln, bind, dims)
+
+
+@pytest.fixture
+def rng(request):
+    """A random generator seeded by the test's own id."""
+    return np.random.default_rng(zlib.crc32(request.node.nodeid.encode()))
+
+
+def weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the tensor's bytes as the GGUF stores them, the exactly dequantized float32 matrix [n, k])."""
+    raw = random_blocks(rng, fmt, n, k).view(np.uint8).reshape(-1)
+    return raw, dequantize(raw, FORMATS[fmt.upper()], (n, k))
+
+
+def context(buffers: list[dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]]) -> Context:
+    return Context(buffers, weights, None)

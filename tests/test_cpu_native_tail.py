@@ -1,0 +1,71 @@
+"""The CPU target's fused tail (codegen/cpu_families/tail.py, codegen/cpu/tail.h) against the NumPy twin
+runtime/cpu_kernels.py tail_argmax, on every SIMD path this machine has: the greedy token of each row.
+
+The twin takes the argmax of float32 BLAS logits on the packed values, the kernel of integer dot
+products: the logits agree to rounding, so the tokens agree but where two logits are within rounding of
+each other. The test asserts the kernel's token is the twin's, or one whose twin logit is within 1e-5
+of the best.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from llmplan.codegen.cpu_families import tail
+from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.runtime import cpu_kernels as ck
+
+HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
+
+
+def catalog():
+    return [tail.kernel(f, 512) for f in HEADS]
+
+
+@needs_compiler
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", HEADS)
+def test_tail_argmax_matches_the_twin(fmt, isa, rng):
+    rows, k, vocab = 5, 512, 203  # tasks of 16 head rows, the last partial
+    x = (rng.standard_normal((rows, k)) * 3).astype(np.float32)
+    norm = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    raw, dense = weight(rng, fmt, vocab, k)
+    attrs = {"eps": 1e-6, "format": ACTIVATION_FORMAT[fmt.lower()]}
+    ctx = context([{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "i32", "shape": ["rows"]}],
+                  {"norm": ("F32", (k,)), "head": (fmt, (vocab, k))})
+    launches = tail.launches({"op": "tail_argmax", "attrs": attrs, "args": [{"buf": 0}, {"weight": "norm"},
+                              {"weight": "head"}], "outs": [{"buf": 1}]}, ctx)
+    out = np.full(rows, -1, np.int32)
+    run(library(catalog, isa), launches, {"buf:0": x, "weight:norm": norm, "weight:head": raw, "buf:1": out},
+        {"rows": rows})
+    want = np.empty(rows, np.int32)
+    ck.tail_argmax("tail_argmax", attrs, [want], x, norm, dense)
+    logits = num.matmul(num.packed_values(num.rmsnorm(x, norm, 1e-6), attrs["format"]), dense)
+    best = logits.max(axis=1)
+    assert (out >= 0).all() and (out < vocab).all()
+    got_logit = logits[np.arange(rows), out]
+    assert np.all((out == want) | (got_logit >= best - 1e-5 * np.abs(best))), (out, want)
+    # each row alone picks the same token
+    for r in range(rows):
+        one = np.full(1, -1, np.int32)
+        run(library(catalog, isa), launches, {"buf:0": np.ascontiguousarray(x[r:r + 1]), "weight:norm": norm,
+                                              "weight:head": raw, "buf:1": one}, {"rows": 1})
+        assert one[0] == out[r]
+
+
+def test_launch_record():
+    ctx = context([{"dtype": "f32", "shape": ["seqs", 640]}, {"dtype": "i32", "shape": ["seqs"]}],
+                  {"output_norm.weight": ("F32", (640,)), "token_embd.weight": ("Q8_0", (262144, 640))})
+    (ln,) = tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_0"}, "member": "t64",
+                           "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight"}],
+                           "outs": [{"buf": 1}]}, ctx)
+    assert ln.kernel.name == "lp_cpu_tail_argmax_q8_0"
+    assert ln.args == [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight", "layout": "blocks"},
+                       {"buf": 1}, {"i32": "seqs"}, {"i32": 640}, {"i32": 262144}, {"f32": 1e-6}, {"i32": 64}]
+    with pytest.raises(ValueError, match="takes q8_0 activations"):
+        tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_k"},
+                       "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight"}],
+                       "outs": [{"buf": 1}]}, ctx)
