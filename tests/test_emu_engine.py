@@ -165,6 +165,8 @@ def test_each_gpu_launch_matches_its_cpu_twin(plans, phase):
             bound = ORDER if cl["family"] in ORDER_SENSITIVE else EXACT
             assert err < bound, (i, cl["op"], err)
             worst[cl["op"]] = max(worst.get(cl["op"], 0.0), err)
+    print(f"{phase}: worst NMSE per op against the CPU twin: "
+          + ", ".join(f"{op} {e:.1e}" for op, e in sorted(worst.items())))
     assert {"embed", "rmsnorm_pack", "matmul_segmented", "rope_kv", "matmul_residual", "glu_pack"} <= set(worst)
 
 

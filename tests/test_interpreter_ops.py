@@ -17,6 +17,13 @@ def test_every_op_is_implemented():
     assert set(REGISTRY) - {"input", "weight"} == set(IMPLS)
 
 
+def test_every_op_has_its_traits():
+    """core/op_traits.py (family, in-place operand: what the stages after the IR read) names the IR's ops."""
+    from llmplan.core.op_traits import TRAITS
+
+    assert set(TRAITS) == set(REGISTRY)
+
+
 def test_rmsnorm_whole_row_and_per_head():
     x = rng.standard_normal((3, 8)).astype(np.float32)
     w = rng.standard_normal(8).astype(np.float32)

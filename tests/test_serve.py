@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -122,6 +123,32 @@ def test_the_spm_model_serves_plan_runs_ids(serve_plan, cli, tmp_path):
         chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=6,
                                               temperature=0, stream=True, extra_body={"return_token_ids": True})
         assert [i for c in chat for i in _extra(c.choices[0], "token_ids") if c.choices] == ref_chat["ids"]
+    finally:
+        assert server.stop() == 0, server.output()
+
+
+def test_a_gpu_plan_serves_through_the_same_engine_path(serve_plan, cli, tmp_path):
+    """plan serve on a GPU plan, on the emulated GPU (--device emu): nothing in the server knows the
+    backend, and the greedy ids are the CPU plan's."""
+    from conftest import SERVE_CHUNK, SERVE_CTX, TINY_BPE, require_compiler
+    from kernel_emu import have_compiler
+    from llmplan.codegen.targets import target_for
+    from llmplan.models.model import open_model
+    from llmplan.plans.compile import compile_model
+    from llmplan.plans.devices import OFFLINE_TARGETS
+
+    if not have_compiler() and not os.environ.get("CI"):
+        pytest.skip("the emulated GPU needs clang++-19")
+    require_compiler(target_for("gfx1100"))
+    gpu = tmp_path / "gfx1100.plan"
+    compile_model(open_model(TINY_BPE), OFFLINE_TARGETS["gfx1100"], gpu, ctx=SERVE_CTX, chunk=SERVE_CHUNK,
+                  max_seqs=2)
+    (want,) = _reference(cli, tmp_path, serve_plan("bpe"), PROMPTS[:1], 4)
+    server = Served(str(gpu), tmp_path / "gpu.log", "--device", "emu")
+    try:
+        got = _client(server).completions.create(model="m", prompt=PROMPTS[0], max_tokens=4, temperature=0,
+                                                 extra_body={"return_token_ids": True})
+        assert _extra(got.choices[0], "token_ids") == want["ids"]
     finally:
         assert server.stop() == 0, server.output()
 
