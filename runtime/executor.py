@@ -125,7 +125,8 @@ class Executor:
 
     def _hold(self, host: np.ndarray) -> Any:
         t0 = time.perf_counter()
-        self._keep.append(host)
+        if self.driver.host_memory:  # a GPU driver copies it to the device: the host keeps no copy
+            self._keep.append(host)
         buf = self.driver.put(host)
         self.load.upload_s += time.perf_counter() - t0
         return buf
