@@ -24,7 +24,7 @@ from llmplan.runtime.requests import Request, Result, SamplingParams
 from . import llama_cpp
 from .compile import plan_for
 from .console import print_json
-from .devices import OFFLINE_TARGETS, local_cpu
+from .devices import OFFLINE_TARGETS, local_cpu, resolve_device
 
 EMU_DEFAULT_TARGET = "sm_90"
 
@@ -48,8 +48,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 1)")
     p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
-    p.add_argument("--device", help="cpu, or emu (a GPU plan's kernels emulated on this CPU); default: the plan's "
-                   "own backend")
+    p.add_argument("--device", help="cpu, cuda, hip, or emu (a GPU plan's kernels emulated on this CPU); default: "
+                   "the plan's own backend")
     p.add_argument("--target", help=f"with a GGUF and --device emu: the GPU target to compile for (default "
                    f"{EMU_DEFAULT_TARGET}; {', '.join(OFFLINE_TARGETS)})")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
@@ -140,6 +140,8 @@ def _plan(args: argparse.Namespace) -> str:
         raise InputError("--target takes a GGUF run on the emulated GPU (--device emu)")
     if not is_gguf(args.plan):
         return args.plan
+    if args.device in ("cuda", "hip"):  # for the local GPU, from its own facts
+        return plan_for(args.plan, args.ctx, args.max_seqs or 1, resolve_device(args.device))
     if args.device not in (None, "cpu", "emu"):
         raise InputError(f"--device {args.device}: compile the GGUF for it first "
                          f"(plan compile ... --device {args.device})")

@@ -103,3 +103,29 @@ def test_the_stream_driver_gives_the_emulators_tokens(gpu_plan, monkeypatch):
         assert engine.executor._keep == [] and drivers[-1].launches > 0
     poisoned = Engine.load(gpu_plan, device="cuda", poison=True)
     assert [r.ids for r in poisoned.run([Request(p, 3) for p in PROMPTS])] == [ids[:3] for ids in want]
+
+
+# GPU 0's properties as cupy.cuda.runtime.getDeviceProperties gives them on an H200 (CUDA 13: no clock
+# fields; the memory clock comes from the device attribute), trimmed to what the planner reads and a few
+# it does not
+H200_PROPS = {"name": b"NVIDIA H200", "totalGlobalMem": 150754820096, "sharedMemPerBlock": 49152,
+              "regsPerBlock": 65536, "warpSize": 32, "maxThreadsPerBlock": 1024, "major": 9, "minor": 0,
+              "multiProcessorCount": 132, "l2CacheSize": 62914560, "sharedMemPerBlockOptin": 232448,
+              "regsPerMultiprocessor": 65536, "memoryBusWidth": 6144, "memoryClockRate": 3201000}
+GFX1100_PROPS = {"name": b"Radeon RX 7900 XTX", "gcnArchName": b"gfx1100:sramecc-:xnack-", "multiProcessorCount": 48,
+                 "warpSize": 32, "sharedMemPerBlock": 65536, "regsPerMultiprocessor": 131072,
+                 "maxThreadsPerBlock": 1024, "totalGlobalMem": 25753026560}
+
+
+def test_device_facts_from_the_runtimes_properties():
+    from llmplan.plans.devices import cuda_facts, hip_facts
+
+    h200 = cuda_facts(H200_PROPS)
+    assert h200.key == OFFLINE_TARGETS["sm_90-h200"].key  # a plan compiled here runs there, and back
+    assert (h200.name, h200.smem_per_block, h200.smem_per_block_optin, h200.int8_matrix) == \
+        ("NVIDIA H200", 48 * 1024, 227 * 1024, "mma.sync.s8")
+    assert 4900 < h200.bandwidth_gbs < 4950 and h200.memory_gib == 140.4
+    rdna3 = hip_facts(GFX1100_PROPS)
+    assert (rdna3.arch, rdna3.wave, rdna3.smem_per_block_optin, rdna3.int8_matrix) == ("gfx1100", 32, 65536, "wmma_iu8")
+    with pytest.raises(InputError, match="sm_100"):
+        cuda_facts(H200_PROPS | {"major": 10})

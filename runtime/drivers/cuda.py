@@ -10,24 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from llmplan.core.errors import InputError
+from llmplan.core import gpu_runtime
 
 from ..driver import Call, Graph
 from .gpu import DeviceBuffer, StreamDriver
-
-
-def _cupy():
-    try:
-        import cupy
-    except ImportError:
-        raise InputError("--device cuda needs CuPy: pip install 'llmplan[cuda]'") from None
-    try:
-        count = cupy.cuda.runtime.getDeviceCount()
-    except cupy.cuda.runtime.CUDARuntimeError as e:
-        raise InputError(f"--device cuda: no usable CUDA device here ({e})") from None
-    if count == 0:
-        raise InputError("--device cuda: no CUDA device here")
-    return cupy
 
 
 class _Event:
@@ -61,7 +47,7 @@ class CudaDriver(StreamDriver):
     PARAM_CONSTANTS = (1, 2, 0)  # CU_LAUNCH_PARAM_BUFFER_POINTER, _BUFFER_SIZE, _END
 
     def __init__(self) -> None:
-        self.cupy = _cupy()
+        self.cupy = gpu_runtime.cupy()
         self.runtime, self.cudriver = self.cupy.cuda.runtime, self.cupy.cuda.driver
         self.stream = self.cupy.cuda.Stream(non_blocking=True)
 

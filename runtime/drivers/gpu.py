@@ -119,6 +119,8 @@ class StreamDriver(Driver):
         if dev["backend"] != self.name or dev["arch"] != here:
             raise InputError(f"this plan is for {dev['backend']} {dev['arch']}; the device here is {self.name} {here}: "
                              f"recompile with plan compile ... --device {self.name}")
+        if "gpu" not in body:
+            raise InputError(f"this plan's header says {dev['arch']}, but it holds no GPU kernels: recompile it")
         self.params = {name: tuple(k["params"]) for name, k in body["kernels"].items()}
         self.module = self.load_module(body["gpu"]["binary"])
         self.functions = {name: self.function(self.module, name) for name in self.params}

@@ -11,26 +11,10 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.core import gpu_runtime
 from llmplan.core.errors import InputError
 
 from .gpu import DeviceBuffer, StreamDriver
-
-
-def _hip():
-    try:
-        from hip import hip
-    except ImportError:
-        try:
-            from rocm.bindings import hip  # hip-python's newer packaging
-        except ImportError:
-            raise InputError("--device hip needs hip-python: pip install 'llmplan[hip]'") from None
-    try:
-        err, count = hip.hipGetDeviceCount()
-    except RuntimeError as e:  # hip-python opens libamdhip64 at the first call
-        raise InputError(f"--device hip: no HIP runtime here ({e})") from None
-    if err != hip.hipError_t.hipSuccess or count == 0:
-        raise InputError("--device hip: no HIP device here")
-    return hip
 
 
 class _Checked:
@@ -88,7 +72,7 @@ class HipDriver(StreamDriver):
     PARAM_CONSTANTS = (1, 2, 3)  # HIP_LAUNCH_PARAM_BUFFER_POINTER, _BUFFER_SIZE, _END
 
     def __init__(self) -> None:
-        self.hip = _hip()
+        self.hip = gpu_runtime.hip()
         self.api = _Checked(self.hip)
         self.stream = self.api.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking)
         self.props = self.api.hipGetDeviceProperties(0)
