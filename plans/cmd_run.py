@@ -20,6 +20,7 @@ from llmplan.core.errors import InputError
 from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
+from llmplan.runtime.trace import Trace, span
 
 from . import llama_cpp
 from .compile import plan_for
@@ -59,6 +60,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="after a warm-up step, print prefill and decode speed on stderr, next to llama.cpp's on the "
                         "same tokens when llama-cpp-python is importable (with --prompts-file: the combined rate "
                         "and preemptions)")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event file of the run (Perfetto opens "
+                   "it): compile and load phases, steps, scheduling, prefill and decode, each launch, graph replays; "
+                   "on cuda and hip the device times too")
     p.add_argument("--json", action="store_true", help="print JSON (a list with --prompts-file)")
     p.set_defaults(run=run)
 
@@ -104,10 +108,21 @@ def _as_json(r: Result) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    trace = Trace() if args.trace else None
+    try:
+        return _run(args, trace)
+    finally:
+        if trace is not None:
+            trace.write(args.trace)
+
+
+def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     if args.n < 0:
         raise InputError(f"-n must be >= 0, got {args.n}")
-    engine = Engine.load(_plan(args), device=args.device, model_path=args.model, max_seqs=args.max_seqs,
-                         kv_blocks=args.kv_blocks)
+    with span(trace, "compile", "load"):  # a GGUF's plan, compiled (and probed) once, else found
+        plan = _plan(args)
+    engine = Engine.load(plan, device=args.device, model_path=args.model, max_seqs=args.max_seqs,
+                         kv_blocks=args.kv_blocks, trace=trace)
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")
