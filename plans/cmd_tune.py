@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="measure the planner's decisions for a model into the tune store",
                        description=__doc__)
     p.add_argument("model", help="GGUF file")
-    p.add_argument("--device", default="cpu", help="cpu (default); GPU targets need their device and runtime")
+    p.add_argument("--device", default="cpu", help="cpu (default); the GPU probes (cuda, hip) are not written yet")
     p.add_argument("--ctx", type=int, help="context length, as for plan compile")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
     p.add_argument("--max-seqs", type=int, default=1, help="sequences decoded in one batched step (default 1)")
@@ -36,9 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     if device.backend != "cpu":
-        raise InputError(f"plan tune --device {args.device}: GPU probes run on the device and need the "
-                         f"{device.backend.upper()} runtime, which llmplan does not have yet (plan compile "
-                         f"--device {args.device} takes GPU entries a store already holds)")
+        raise InputError(f"plan tune --device {args.device}: the GPU probes (through the {device.backend.upper()} "
+                         f"runtime, on the device itself) are not written yet; plan compile takes GPU entries a "
+                         f"store already holds, else the heuristics")
     if not args.round_ms > 0:
         raise InputError(f"--round-ms must be positive, got {args.round_ms}")
     store = TuneStore.from_flag(args.tune_dir)
