@@ -68,6 +68,7 @@ class EmuStreamDriver(StreamDriver):
         self.device_arch = arch
         self.capture: list | None = None
         self.launches = 0
+        self.pinned_allocs = 0
 
     def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
         dev = header["device"]
@@ -124,6 +125,7 @@ class EmuStreamDriver(StreamDriver):
         return _Event()
 
     def pinned_alloc(self, nbytes: int) -> np.ndarray:
+        self.pinned_allocs += 1
         return np.zeros(nbytes, np.uint8)
 
     def launch_kernel(self, function: Any, grid: tuple[int, int, int], block: int, smem: int, extra: int) -> None:

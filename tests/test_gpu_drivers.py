@@ -90,7 +90,8 @@ def test_no_device_is_one_line_and_exit_2(gpu_plan, backend):
 @needs_emulator
 def test_the_stream_driver_gives_the_emulators_tokens(gpu_plan, monkeypatch):
     """Direct, replayed and pipelined, at one and two sequences, in poison mode too: the emu driver's
-    tokens; weights are not kept on the host; each launch went through the packed `extra` buffer."""
+    tokens; weights are not kept on the host; each launch went through the packed `extra` buffer; the
+    pinned buffers are reused."""
     want = [r.ids for r in Engine.load(gpu_plan, device="emu", replay=False, pipelined=False)
             .run([Request(p, 5) for p in PROMPTS])]
     drivers = []
@@ -101,6 +102,7 @@ def test_the_stream_driver_gives_the_emulators_tokens(gpu_plan, monkeypatch):
         assert (sum(b.steps for b in engine.executor.buckets.values()) > 0) == replay
         assert any(r["pipelined"] for r in engine.records) == pipelined
         assert engine.executor._keep == [] and drivers[-1].launches > 0
+        assert drivers[-1].pinned_allocs < 8  # staging and read buffers are reused, step after step
     poisoned = Engine.load(gpu_plan, device="cuda", poison=True)
     assert [r.ids for r in poisoned.run([Request(p, 3) for p in PROMPTS])] == [ids[:3] for ids in want]
 

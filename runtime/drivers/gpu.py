@@ -102,7 +102,7 @@ class PinnedRead(Pending):
     def result(self) -> np.ndarray:
         if self.data is None:
             self.event.wait()
-            self.data = typed(replace(self.src, buffer=self.buf, offset=0)).copy()
+            self.data = typed(replace(self.src, buffer=self.buf[:self.src.nbytes], offset=0)).copy()
             self.pool.give(self.buf)
         return self.data
 
@@ -158,7 +158,7 @@ class StreamDriver(Driver):
     def read(self, src: Region) -> Pending:
         buf = self.pinned.take(src.nbytes)
         self.copy_async(buf.ctypes.data, _address(src), src.nbytes, to_device=False)
-        return PinnedRead(self.event(), buf[:src.nbytes], src, self.pinned)
+        return PinnedRead(self.event(), buf, src, self.pinned)
 
     def fill(self, dst: Region, byte: int) -> None:
         self.memset(_address(dst), byte, dst.nbytes)
