@@ -40,6 +40,8 @@ def test_packing_lays_arguments_out_as_the_c_abi_does(params):
     assert unpack(params, data) == values
     with pytest.raises(ValueError):
         pack(params, values + [1])
+    with pytest.raises(ValueError, match="double"):
+        pack(params + ("double",), values + [1.0])
 
 
 def test_the_extra_array_points_at_the_buffer_and_its_size():

@@ -3,8 +3,9 @@ memory, reads that wait on an event, and kernel arguments packed into the one bu
 take (`extra`, CU_/HIP_LAUNCH_PARAM_BUFFER_POINTER), from the plan's parameter types. Each backend
 supplies only the primitives at the bottom of StreamDriver.
 
-Step-state writes go through pinned memory because a copy from pageable memory waits for the stream
-(CUDA's and HIP's documented behaviour): a pipelined decode step would stall on the one before it.
+Step-state writes go through pinned memory because an asynchronous copy from pageable memory may be
+synchronous with the host (CUDA's documented behaviour): a pipelined decode step could stall on the one
+before it.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import numpy as np
 
 from llmplan.core.errors import InputError
 
-from ..driver import Call, Driver, Pending, Region, Scalar
+from ..driver import Call, Driver, Pending, Region
 from .host import typed
 
-# C parameter type -> struct format; everything else is a pointer (`const float*`, `block_q4_K*` ...)
+# C parameter type -> struct format; pointers (`const float*`, `lp_half*` ...) are 8-byte addresses
 SCALAR_FORMATS = {"int": "i", "unsigned": "I", "float": "f"}
 SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 
@@ -34,6 +35,8 @@ def pack(params: tuple[str, ...], values: list[int | float]) -> bytes:
         raise ValueError(f"{len(params)} parameters, {len(values)} arguments")
     out = bytearray()
     for t, v in zip(params, values):
+        if not t.endswith("*") and t not in SCALAR_FORMATS:
+            raise ValueError(f"no packing for a parameter of type {t!r}")
         fmt = SCALAR_FORMATS.get(t, "Q")
         size = struct.calcsize(fmt)
         out += bytes(-len(out) % size)
