@@ -146,7 +146,11 @@ def local_gpu(backend: str) -> DeviceFacts:
     if backend == "cuda":
         rt = gpu_runtime.cupy().cuda.runtime
         props = dict(rt.getDeviceProperties(0))
-        props.setdefault("memoryClockRate", rt.deviceGetAttribute(rt.cudaDevAttrMemoryClockRate, 0))
+        if "memoryClockRate" not in props:  # CUDA 13 dropped it from the properties struct
+            try:
+                props["memoryClockRate"] = rt.deviceGetAttribute(rt.cudaDevAttrMemoryClockRate, 0)
+            except rt.CUDARuntimeError:
+                props["memoryClockRate"] = 0  # the peak bandwidth stays unknown (0); the benchmark measures it
         return cuda_facts(props)
     hip = gpu_runtime.hip()
     err, p = hip.hipGetDeviceProperties(0)
