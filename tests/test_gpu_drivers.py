@@ -133,3 +133,24 @@ def test_device_facts_from_the_runtimes_properties():
     assert (rdna3.arch, rdna3.wave, rdna3.smem_per_block_optin, rdna3.int8_matrix) == ("gfx1100", 32, 65536, "wmma_iu8")
     with pytest.raises(InputError, match="sm_100"):
         cuda_facts(H200_PROPS | {"major": 10})
+
+
+def test_hip_calls_raise_on_an_error_and_return_their_results():
+    """hip-python returns (hipError_t, results...): the HIP driver's wrapper raises with the error's text
+    and hands back the results (one, several, or none), without a device (a stand-in module)."""
+    import enum
+    import types
+
+    from llmplan.runtime.drivers.hip import _Checked
+
+    class Err(enum.IntEnum):
+        hipSuccess = 0
+        hipErrorOutOfMemory = 2
+
+    fake = types.SimpleNamespace(hipError_t=Err, hipGetErrorString=lambda e: (Err.hipSuccess, b"out of memory"),
+                                 hipMalloc=lambda n: (Err.hipSuccess, 4096) if n < 10 else (Err.hipErrorOutOfMemory, None),
+                                 hipPair=lambda: (Err.hipSuccess, 1, 2), hipSync=lambda: (Err.hipSuccess,))
+    api = _Checked(fake)
+    assert api.hipMalloc(8) == 4096 and api.hipPair() == (1, 2) and api.hipSync() is None
+    with pytest.raises(RuntimeError, match="hipMalloc: out of memory"):
+        api.hipMalloc(100)
