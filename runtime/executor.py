@@ -123,6 +123,9 @@ class Executor:
                             self._weight(ref["weight"], ref["layout"])
                         elif "rope_table" in ref:
                             self._rope_table(ref["rope_table"], p["dims"])
+        t1 = time.perf_counter()
+        driver.sync()  # the uploads a GPU driver queued count as upload time
+        self.load.upload_s += time.perf_counter() - t1
         if trace is not None:
             trace.complete("buffers, weights and tables", "load", t0, time.perf_counter(), **self.load.as_dict())
         self.buckets: dict[tuple, Bucket] = {}
