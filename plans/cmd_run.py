@@ -39,11 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--prompts-file", metavar="FILE", help="many prompts: one per line, or JSON lines")
     p.add_argument("-n", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0 keeps all (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens whose probabilities sum to p "
+                   "(default 1: all)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than p times the likeliest one "
+                   "(default 0: none)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="> 1 discourages repeating tokens")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="seed of the sampler (default: a fresh one each run)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 1)")
