@@ -108,8 +108,16 @@ def test_gemma3_compiles(compiled, gemma3_path, target):
 
 
 def test_spm_model_compiles(compiled):
+    """Llama 2 (SentencePiece, GQA 2, no rope factors): every launched kernel is built, passed the gates
+    and gets an argument per parameter; nothing is built that no launch runs."""
     _, _, body = compiled(TINY_SPM, "sm_90")
-    assert body["gpu"]["manifests"]
+    manifests = body["gpu"]["manifests"]
+    launched = _launched(body)
+    assert {k["name"] for _, _, k in launched} == set(manifests) and body["gpu"]["binary"]
+    assert all(m["instructions"] and m["spill_bytes"] == 0 for m in manifests.values())
+    for _, _, k in launched:
+        assert len(k["args"]) == len(body["kernels"][k["name"]]["params"]), k["name"]
+    assert {l["op"] for _, l, _ in launched} >= {"rope_kv", "attention", "tail_argmax"}
 
 
 def test_every_kernel_has_its_numpy_twin(compiled):
@@ -206,7 +214,8 @@ def test_inspect_kernels_and_source(compiled, cli, tmp_path):
     assert code != 0 and "no kernel named 'lp_nope' in this plan" in err
     code, out, _ = cli("inspect", path)
     assert code == 0 and "planar (version 1): " in out and "held on the device" in out and "--device emu" in out
-    code, _, err = cli("compile", TINY_BPE, "-o", tmp_path / "c.plan")
+    code, _, err = cli("compile", TINY_BPE, "-o", tmp_path / "c.plan", "--tune-dir", "off")
+    assert code == 0, err
     code, _, err = cli("inspect", tmp_path / "c.plan", "--kernels")
     assert code != 0 and "is a CPU plan" in err
 
