@@ -23,7 +23,7 @@ from llmplan.runtime.requests import Request, Result, SamplingParams
 
 from . import llama_cpp
 from .compile import plan_for
-from .console import print_json
+from .console import Progress, print_json
 from .devices import OFFLINE_TARGETS, local_cpu
 
 EMU_DEFAULT_TARGET = "sm_90"
@@ -163,7 +163,7 @@ def _plan(args: argparse.Namespace) -> str:
     if args.device == "emu" and target not in OFFLINE_TARGETS:
         raise InputError(f"--target {target}: not a GPU target ({', '.join(OFFLINE_TARGETS)})")
     device = OFFLINE_TARGETS[target] if args.device == "emu" else local_cpu()
-    return plan_for(args.plan, args.ctx, args.max_seqs or 1, device)
+    return plan_for(args.plan, args.ctx, args.max_seqs or 1, device, Progress("plan run"))
 
 
 def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:
