@@ -191,6 +191,10 @@ def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
         (why,) = [w for m, w in launch["pruned"].items() if m.startswith("mma_128x128")]
         assert re.search(r"lp_gemm_mma_128x128\w*: \d+ bytes of shared memory over the 38912-byte per-block limit "
                          r"of sm_90", why), why
+    narrow = dataclasses.replace(OFFLINE_TARGETS["sm_90"], max_threads_per_block=128)
+    with pytest.raises(BuildError, match=r"no member of \w+ fits sm_90: \w+: lp_\w+: 256 threads over the "
+                                         r"128-thread per-block limit of sm_90"):
+        compile_model(open_model(TINY_BPE), narrow, tmp_path / "n.plan")
     tiny = dataclasses.replace(small, smem_per_block_optin=1024)
     with pytest.raises(BuildError, match=r"no member of \w+ fits sm_90: \w+: lp_\w+: \d+ bytes of shared memory over "
                                          r"the 1024-byte per-block limit of sm_90"):
