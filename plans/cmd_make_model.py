@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     verb = "would write" if args.dry_run else "wrote"
     took = "" if seconds is None else f" in {seconds:.1f} s"
     print(f"{verb} {out}: {args.preset} {args.recipe}, {len(build.formats)} tensors, "
-          f"{build.file_size} bytes ({human_bytes(build.file_size)}){took}")
+          f"{build.file_size} bytes ({human_bytes(build.file_size)}){took}; random weights: its text is gibberish")
     rows = [(f, v["count"], v["bytes"]) for f, v in report["formats"].items()]
     print("  " + format_table(["format", "tensors", "bytes"], rows).replace("\n", "\n  "))
     return 0

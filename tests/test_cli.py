@@ -82,6 +82,7 @@ def test_make_model(cli, tmp_path):
     out_path = tmp_path / "tiny.gguf"
     code, out, _ = cli("make-model", "--preset", "tiny-llama", "-o", out_path)
     assert code == 0 and out.startswith(f"wrote {out_path}: tiny-llama Q4_K_M, 21 tensors")
+    assert "random weights: its text is gibberish" in out.splitlines()[0]
     code, out, _ = cli("info", out_path, "--json")
     assert json.loads(out)["config"]["n_layers"] == 2
     _one_line_error(cli, "make-model", "--preset", "tiny-llama", "-o", out_path, match="exists; pass --force")
