@@ -26,7 +26,7 @@ from . import cpu_tuning
 from .console import Progress, plural
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
-from .planfile import model_fingerprint, write_plan
+from .planfile import model_fingerprint, read_header, write_plan
 from .select import select
 from .tune_store import TuneStore
 
@@ -197,7 +197,7 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
     model = open_model(gguf)
     device = device or local_cpu()
     cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
-    if not os.path.exists(cached):
+    if not _readable(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         t0 = time.perf_counter()
         s = compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, TuneStore.from_flag(None, probe=False),
@@ -208,6 +208,15 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
                 progress.note(f"{plural(s['tune']['heuristic'], 'tuning decision')} by heuristic: plan tune {gguf} "
                               "measures them for this machine, and the next run compiles with them")
     return cached
+
+
+def _readable(plan: str) -> bool:
+    """Whether a cached plan is there and this llmplan reads it (one left by another version is not)."""
+    try:
+        read_header(plan)
+        return True
+    except (OSError, InputError):
+        return False
 
 
 def drop_cached_plans(model: Model) -> None:

@@ -30,6 +30,9 @@ def test_a_first_run_probes_nothing_and_says_how_to_tune(cli, tmp_path, monkeypa
     assert {d["provenance"] for d in _tuning(plan).values()} == {"heuristic: no entry (not probed)"}
     code, _, err = cli(*run)
     assert code == 0 and err == ""  # the cached plan
+    plan.write_bytes(b"LLMPLAN\0" + (99).to_bytes(4, "little") + bytes(8))  # as a later llmplan's
+    code, _, err = cli(*run)
+    assert code == 0 and "compiled" in err  # compiled again, not refused
     monkeypatch.setattr(cpu_tuning, "probe", probe)
     code, _, _ = cli("tune", TINY_SPM, "--ctx", "256", "--round-ms", "0.5")
     assert code == 0 and not plan.exists()
