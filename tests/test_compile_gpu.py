@@ -218,6 +218,8 @@ def test_inspect_kernels_and_source(compiled, cli, tmp_path):
     assert code != 0 and "no kernel named 'lp_nope' in this plan" in err
     code, out, _ = cli("inspect", path)
     assert code == 0 and "planar (version 1): " in out and "held on the device" in out and "--device emu" in out
+    code, out, _ = cli("compile", TINY_BPE, "--device", "gfx1151", "-o", tmp_path / "g.plan", "--tune-dir", "off")
+    assert code == 0 and f"{len(body['gpu']['manifests'])} kernels from the kernel cache (" in out  # built above
     code, _, err = cli("compile", TINY_BPE, "-o", tmp_path / "c.plan", "--tune-dir", "off")
     assert code == 0, err
     code, _, err = cli("inspect", tmp_path / "c.plan", "--kernels")
