@@ -298,6 +298,7 @@ def build(kernels: list[Kernel], target: Target, use_cache: bool = True, gates: 
         if gates:
             gate(kernels, cached.manifests, target)
         return cached
+    toolchain.check(target)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="llmplan-build-") as tmp:
         if target.nvidia:
@@ -307,8 +308,8 @@ def build(kernels: list[Kernel], target: Target, use_cache: bool = True, gates: 
             binary, asm, ptx = _compile_hip(source, target, Path(tmp))
             manifests = _hip_manifests(kernels, asm, target)
     result = Build(target.name, compiler, source, binary, manifests, round(time.perf_counter() - t0, 3), False, ptx)
+    if use_cache:  # before the gates: a failing build is as costly to redo, and a cache hit gates again
+        _store(path, result)
     if gates:
         gate(kernels, manifests, target)
-    if use_cache:
-        _store(path, result)
     return result

@@ -45,10 +45,18 @@ def nvcc() -> str:
     return require("nvcc", "install the CUDA toolkit (CUDA 13) to build for NVIDIA targets", _NVIDIA_DIRS)
 
 
+_PIP_NVIDIA_TOOLS = "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm (or pip install -e '.[gpu]')"
+
+
 @functools.lru_cache(maxsize=None)
 def cuobjdump() -> str:
-    return require("cuobjdump", "pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm",
-                   _NVIDIA_DIRS + _pip_nvidia_bins())
+    return require("cuobjdump", _PIP_NVIDIA_TOOLS, _NVIDIA_DIRS + _pip_nvidia_bins())
+
+
+@functools.lru_cache(maxsize=None)
+def nvdisasm() -> str:
+    """cuobjdump --dump-sass runs it."""
+    return require("nvdisasm", _PIP_NVIDIA_TOOLS, _NVIDIA_DIRS + _pip_nvidia_bins())
 
 
 def tool_env() -> dict[str, str]:
@@ -60,8 +68,21 @@ def tool_env() -> dict[str, str]:
 
 @functools.lru_cache(maxsize=None)
 def clang() -> str:
-    return require("clang++-19", "apt-get install clang-19 hipcc libamdhip64-dev rocm-device-libs to build for "
-                                 "AMD targets")
+    return require("clang++-19", "apt-get install clang-19 (it builds the host kernels and the AMD targets' "
+                                 "kernels)")
+
+
+@functools.lru_cache(maxsize=None)
+def lld() -> str:
+    """clang links every AMD code object with it."""
+    return require("ld.lld-19", "apt-get install lld-19 to build for AMD targets")
+
+
+def check(target) -> None:
+    """Every tool a build for the codegen/targets.py Target runs, found before any compile starts: a
+    missing one is an InputError naming what to install, not a failure after minutes of compiling."""
+    for tool in (nvcc, cuobjdump, nvdisasm) if target.nvidia else (clang, lld):
+        tool()
 
 
 def available(target) -> bool:

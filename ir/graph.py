@@ -51,24 +51,35 @@ def make_node(id: int, op: str, operands: Sequence[Value], attrs: dict[str, Any]
 
 class Graph:
     """An immutable graph with named outputs; `nx` is the underlying networkx DiGraph (producer ->
-    consumer edges), for ordering and analyses."""
+    consumer edges), for ordering and analyses, built when one first asks for it: a pass's graphs
+    are mostly only verified and rewritten, which need no more than the nodes by id."""
 
     def __init__(self, name: str, nodes: Iterable[Node], outputs: Sequence[tuple[str, Value]]):
         self.name = name
-        self.nx = nx.DiGraph()
-        for n in nodes:
-            self.nx.add_node(n.id, node=n)
-        for n in list(self.nodes_unordered()):
-            for v in n.operands:
-                self.nx.add_edge(v.node, n.id)
+        self._nodes = {n.id: n for n in nodes}
         self.outputs: tuple[tuple[str, Value], ...] = tuple(outputs)
-        nx.freeze(self.nx)
+
+    @cached_property
+    def nx(self) -> nx.DiGraph:
+        g = nx.DiGraph()
+        g.add_nodes_from((i, {"node": n}) for i, n in self._nodes.items())
+        g.add_edges_from((v.node, n.id) for n in self._nodes.values() for v in n.operands)
+        return nx.freeze(g)
+
+    def __contains__(self, id: int) -> bool:
+        return id in self._nodes
 
     def nodes_unordered(self) -> Iterable[Node]:
-        return (d["node"] for _, d in self.nx.nodes(data=True) if "node" in d)
+        return self._nodes.values()
 
     def node(self, id: int) -> Node:
-        return self.nx.nodes[id]["node"]
+        return self._nodes[id]
+
+    @cached_property
+    def ids_topological(self) -> bool:
+        """Whether every operand's producer is in the graph with a smaller id (the tracer and every pass
+        number nodes so): then the graph is acyclic and id order is its order."""
+        return all(o.node < n.id and o.node in self._nodes for n in self._nodes.values() for o in n.operands)
 
     def type_of(self, v: Value) -> Type:
         return self.node(v.node).types[v.index]
@@ -76,6 +87,8 @@ class Graph:
     @cached_property
     def order(self) -> tuple[Node, ...]:
         """Nodes in a deterministic topological order (ties broken by node id)."""
+        if self.ids_topological:  # what the sort below gives then, without it
+            return tuple(self._nodes[i] for i in sorted(self._nodes))
         return tuple(self.node(i) for i in nx.lexicographical_topological_sort(self.nx))
 
     @property
@@ -85,9 +98,6 @@ class Graph:
     @property
     def weights(self) -> list[Node]:
         return [n for n in self.order if n.op == "weight"]
-
-    def users(self, id: int) -> list[Node]:
-        return [self.node(s) for s in sorted(self.nx.successors(id))]
 
     def output(self, name: str) -> Value:
         return dict(self.outputs)[name]

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 
 Dim = int | str
 
-ACTIVATION_DTYPES = ("f32", "f16", "i32")
-
 
 @dataclass(frozen=True)
 class Type:

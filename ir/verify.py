@@ -7,6 +7,8 @@ unique; outputs exist. Errors name the node by its printed line.
 
 from __future__ import annotations
 
+import functools
+
 import networkx as nx
 
 from .errors import IRError, VerifyError
@@ -22,14 +24,27 @@ def _describe(g: Graph, n: Node) -> str:
         return f"node {n.id} ({n.op})"
 
 
+def _infer(op: str, types: tuple, attrs: dict) -> tuple:
+    """infer(), remembered: a model's layers repeat the same ops on the same types, and every pass's
+    graph repeats its predecessor's nodes. The key holds each attribute's type too (1 == 1.0)."""
+    if not all(isinstance(v, (bool, int, float, str)) for v in attrs.values()):
+        return infer(op, list(types), attrs)  # not a valid attribute: infer() says which
+    return _infer_known(op, types, tuple((k, type(v), v) for k, v in sorted(attrs.items())))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _infer_known(op: str, types: tuple, attrs: tuple) -> tuple:
+    return infer(op, list(types), {k: v for k, _, v in attrs})
+
+
 def verify(g: Graph) -> Graph:
     """Raise VerifyError on the first broken invariant; return the graph otherwise."""
-    for node_id, data in g.nx.nodes(data=True):
+    for node_id, data in () if g.ids_topological else g.nx.nodes(data=True):
         if "node" not in data:
             users = [g.node(s) for s in g.nx.successors(node_id)]
             raise VerifyError(f"{g.name}: node {users[0].id} ({users[0].op}) uses value of node {node_id}, "
                               "which is not in the graph")
-    if not nx.is_directed_acyclic_graph(g.nx):
+    if not g.ids_topological and not nx.is_directed_acyclic_graph(g.nx):
         cycle = nx.find_cycle(g.nx)
         ops = " -> ".join(f"{g.node(a).op}#{a}" for a, _ in cycle)
         raise VerifyError(f"{g.name}: cycle {ops}")
@@ -50,13 +65,13 @@ def verify(g: Graph) -> Graph:
                 raise VerifyError(f"{g.name}: {_describe(g, n)}: uses result {o.index} of a node with "
                                   f"{len(g.node(o.node).types)}")
         try:
-            types = infer(n.op, [g.type_of(o) for o in n.operands], n.attr)
+            types = _infer(n.op, tuple(g.type_of(o) for o in n.operands), n.attr)
         except IRError as e:
             raise VerifyError(f"{g.name}: {_describe(g, n)}: {e}") from None
         if types != n.types:
             want = ", ".join(str(t) for t in types)
             raise VerifyError(f"{g.name}: {_describe(g, n)}: result type should be {want}")
     for name, v in g.outputs:
-        if v.node not in g.nx or "node" not in g.nx.nodes[v.node] or v.index >= len(g.node(v.node).types):
+        if v.node not in g or v.index >= len(g.node(v.node).types):
             raise VerifyError(f"{g.name}: output {name} is not a value of the graph")
     return g

@@ -27,6 +27,13 @@ _INT_TYPES = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V
 _FLOAT_TYPES = {V.FLOAT32, V.FLOAT64}
 
 
+def float32_decimal(x: float) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (1e-05, not
+    9.999999747378752e-06): what the file's writer meant and the IR prints; every kernel takes it as
+    float32 again, the same bits."""
+    return float(str(np.float32(x)))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     arch: str
@@ -121,7 +128,7 @@ class _Meta:
         x = float(v.value)
         if not math.isfinite(x):
             raise ConfigError(f"{self.f.path}: {self.key(k)} is {x}")
-        return x
+        return float32_decimal(x) if v.type == V.FLOAT32 else x
 
     def str(self, k: str, default: str | None = None) -> str | None:
         v = self._get(k)

@@ -256,12 +256,16 @@ def _tensor_info(cur: _Cursor, i: int, names: set[str]) -> tuple[str, tuple[int,
 
 
 def is_gguf(path: str) -> bool:
-    """Whether the file starts as a GGUF file does (the CLI tells models from plans by it)."""
+    """Whether the file starts as a GGUF file does (the CLI tells models from plans by it). A file named
+    .gguf that is not one is an error that says so, not a plan file that fails to read."""
     try:
         with open(path, "rb") as f:
-            return f.read(4) == b"GGUF"
+            head = f.read(4)
     except OSError as e:
         raise InputError(f"{path}: {e.strerror}") from None
+    if head != MAGIC and str(path).lower().endswith(".gguf"):
+        raise GGUFError(str(path), "header.magic", f"not a GGUF file (starts with {head!r}, expected {MAGIC!r})", 0)
+    return head == MAGIC
 
 
 class GGUFFile:

@@ -8,9 +8,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from .config import ModelConfig, gemma3_swa_layers, validate_config
+from .config import ModelConfig, float32_decimal, gemma3_swa_layers, validate_config
 from llmplan.core.errors import InputError
 
 
@@ -51,7 +49,7 @@ def make_config(arch: str, name: str, **shape: Any) -> ModelConfig:
     # metadata floats are float32: round now so a preset equals the config read back from its file
     for k in ("norm_eps", "rope_base"):
         if k in s:
-            s[k] = float(np.float32(s[k]))
+            s[k] = float32_decimal(s[k])
     s.setdefault("head_dim", s["dim"] // s["n_heads"] if s["n_heads"] else 0)
     s.setdefault("rope_dims", s["head_dim"])
     s.setdefault("attn_scale", 1.0 / math.sqrt(s["head_dim"]) if s["head_dim"] else 0.0)

@@ -8,10 +8,9 @@ node really became dead, orders the new graph so that each new node sits where i
 
 from __future__ import annotations
 
+import heapq
 import re
 from typing import Any
-
-import networkx as nx
 
 from llmplan.ir.graph import Graph, Node, Value, make_node
 from llmplan.ir.ops import infer
@@ -109,10 +108,7 @@ class Rewriter:
         missing = used - set(nodes)
         if missing:
             raise RewriteError(f"{self.pass_name}: dropped nodes {sorted(missing)} are still used")
-        dag = nx.DiGraph()
-        dag.add_nodes_from(nodes)
-        dag.add_edges_from((o.node, n.id) for n in nodes.values() for o in n.operands)
-        order = list(nx.lexicographical_topological_sort(dag, key=lambda i: self._key[i]))
+        order = _ordered(nodes, self._key)
         renumber = {old: new for new, old in enumerate(order)}
 
         def moved(v: Value) -> Value:
@@ -121,3 +117,26 @@ class Rewriter:
         out_nodes = [make_node(renumber[i], nodes[i].op, [moved(o) for o in nodes[i].operands], nodes[i].attr,
                                nodes[i].types) for i in order]
         return Graph(self.g.name, out_nodes, [(k, moved(v)) for k, v in outputs])
+
+
+def _ordered(nodes: dict[int, Node], key: dict[int, float]) -> list[int]:
+    """Node ids in topological order, the smallest key first among those ready (Kahn's algorithm with a
+    heap: networkx's lexicographical_topological_sort, without building a DiGraph for it)."""
+    waiting = {i: len({o.node for o in n.operands}) for i, n in nodes.items()}
+    users: dict[int, list[int]] = {}
+    for i, n in nodes.items():
+        for producer in {o.node for o in n.operands}:
+            users.setdefault(producer, []).append(i)
+    ready = [(key[i], i) for i, w in waiting.items() if w == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, i = heapq.heappop(ready)
+        order.append(i)
+        for u in users.get(i, ()):
+            waiting[u] -= 1
+            if waiting[u] == 0:
+                heapq.heappush(ready, (key[u], u))
+    if len(order) != len(nodes):
+        raise RewriteError("the rewritten graph has a cycle")
+    return order

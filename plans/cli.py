@@ -19,17 +19,27 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Every command's parser, or only the one named `only`: each cmd module imports what its command
+    needs, so registering one keeps `plan info` from importing the engine and the compiler."""
     parser = _Parser(prog="plan", description="llmplan: ahead-of-time compiler for LLM inference")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
-    for name in COMMANDS:
+    for name in [only] if only else COMMANDS:
         importlib.import_module(f"llmplan.plans.cmd_{name}").register(sub)
     return parser
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command argv names (its module's name), if its first word after --debug is one."""
+    words = [a for a in argv if a != "--debug"]
+    name = words[0].replace("-", "_") if words else ""
+    return name if name in COMMANDS else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(_command(argv)).parse_args(argv)
     try:
         return args.run(args) or 0
     except BrokenPipeError:  # output piped into something like `head` that stopped reading

@@ -9,7 +9,7 @@ import time
 from llmplan.models.model import open_model
 
 from .compile import DEFAULT_CHUNK, compile_model
-from .console import human_bytes, print_json
+from .console import Progress, human_bytes, print_json
 from .devices import resolve_device
 from .tune_store import TuneStore
 
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     t0 = time.perf_counter()
     summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
-                            tune=TuneStore.from_flag(args.tune_dir))
+                            tune=TuneStore.from_flag(args.tune_dir), progress=Progress("plan compile"))
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print_json(summary)
@@ -46,8 +46,8 @@ def run(args: argparse.Namespace) -> int:
     launches = ", ".join(f"{k} {v}" for k, v in summary["launches"].items())
     kernels = ""
     if "kernels" in summary:
-        cached = ", cached" if summary["build_cached"] else ""
-        kernels = f"; {summary['kernels']} kernels built in {summary['build_seconds']:.1f} s{cached}"
+        how = "from the kernel cache" if summary["build_cached"] else f"built in {summary['build_seconds']:.1f} s"
+        kernels = f"; {summary['kernels']} kernels {how}"
     lim = summary["limits"]
     print(f"wrote {out}: {human_bytes(summary['bytes'])}, {summary['device']}, context {lim['ctx']}, "
           f"chunk {lim['chunk']}, batches of up to {lim['max_seqs']}, {lim['kv_blocks']} K/V blocks, "

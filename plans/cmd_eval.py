@@ -21,6 +21,7 @@ import numpy as np
 from tqdm import tqdm
 
 from llmplan.core.errors import InputError
+from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import Window, kv_blocks_needed, score, windows
 
@@ -69,7 +70,7 @@ def _text(path: str) -> str:
 def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
     """The engine for the plan (a GGUF: compiled for this machine once, cached) and the window size."""
     plan = args.plan
-    if _is_gguf(plan):
+    if is_gguf(plan):
         if args.device not in (None, "cpu"):
             raise InputError(f"--device {args.device} runs plan files: compile one first "
                              f"(plan compile {plan} --device TARGET)")
@@ -89,11 +90,6 @@ def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
     engine = Engine.load(plan, device=args.device, model_path=args.model,
                          kv_blocks=kv_blocks_needed(limits["chunk"], ctx))
     return engine, ctx
-
-
-def _is_gguf(path: str) -> bool:
-    with open(path, "rb") as f:
-        return f.read(4) == b"GGUF"
 
 
 def run(args: argparse.Namespace) -> int:

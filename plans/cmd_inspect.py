@@ -14,7 +14,7 @@ from llmplan.core.errors import InputError
 from llmplan.core.layouts import LAYOUTS
 from llmplan.core.numerics import PAGE, pages_for
 
-from .console import format_table, human_bytes, print_json
+from .console import format_table, human_bytes, plural, print_json
 from .planfile import read_body, read_header
 
 
@@ -100,10 +100,12 @@ def _kernel_source(source: str, name: str) -> str:
 
 
 def _manifest_table(manifests: dict[str, dict[str, Any]]) -> str:
+    amd = any(m["sgprs"] for m in manifests.values())  # scalar registers: AMD's second register file
     rows = [(n, m["threads"], m["registers"], m["spill_bytes"], m["shared_bytes"], m["stack_bytes"],
-             " ".join(f"{c}:{k}" for c, k in sorted(m["instructions"].items()) if k) or "-")
+             *([m["sgprs"]] if amd else []), " ".join(f"{c}:{k}" for c, k in sorted(m["instructions"].items()) if k) or "-")
             for n, m in sorted(manifests.items())]
-    return format_table(["kernel", "threads", "registers", "spills", "shared", "stack", "instructions"], rows)
+    return format_table(["kernel", "threads", "registers", "spills", "shared", "stack", *(["sgprs"] if amd else []),
+                         "instructions"], rows)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -136,14 +138,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"  limits   context {lim['ctx']}, prefill chunk {lim['chunk']}, sequences per step {lim['max_seqs']}")
     kv = s["kv_cache"]
     print(f"  kv cache {kv['blocks']} blocks of {kv['block_tokens']} positions, {human_bytes(kv['bytes'])} "
-          f"({human_bytes(kv['block_bytes'])} a block): {kv['full_context_sequences']} sequences of the full "
+          f"({human_bytes(kv['block_bytes'])} a block): {plural(kv['full_context_sequences'], 'sequence')} of the full "
           f"context (plan run --kv-blocks resizes it)")
     print(f"  arena    {s['arena_bytes']} bytes ({human_bytes(s['arena_bytes'])}), activations of one layer at a time")
     rows = [(ph, p["launches"], p["arena_bytes"], p["activation_bytes_unshared"]) for ph, p in s["phases"].items()]
     print("  " + format_table(["phase", "launches", "arena bytes", "unshared bytes"], rows).replace("\n", "\n  "))
     print("  kernels  " + ", ".join(s["kernels"]))
     for why, n in s["decisions"].items():
-        print(f"  decision {n} launches: {why}")
+        print(f"  decision {plural(n, 'launch', 'launches')}: {why}")
     if s["tuning"]:
         t = s["tuning"]
         print(f"  tuning   {len(t['decisions'])} decisions from the tune store {t['store']} "
@@ -153,13 +155,13 @@ def run(args: argparse.Namespace) -> int:
         if rows:
             print("    " + format_table(["decision", "member", "launches", "provenance"], rows).replace("\n", "\n    "))
     for why, n in s["pruned"].items():
-        print(f"  pruned   {n} launches: {why}")
+        print(f"  pruned   {plural(n, 'launch', 'launches')}: {why}")
     w = s["weights"]
     where = "on the device" if "gpu" in body else "beyond the mapped file"
-    print(f"  weights  {w['count']} tensors, by the layout their kernels read; {human_bytes(w['copied_bytes'])} "
+    print(f"  weights  {plural(w['count'], 'tensor')}, by the layout their kernels read; {human_bytes(w['copied_bytes'])} "
           f"made at load, held {where}")
     for how, d in w["layouts"].items():
-        print(f"    {how} (version {LAYOUTS[how].version}): {len(d['tensors'])} tensors, {human_bytes(d['bytes'])}: "
+        print(f"    {how} (version {LAYOUTS[how].version}): {plural(len(d['tensors']), 'tensor')}, {human_bytes(d['bytes'])}: "
               f"{d['why']}")
     n_declines = sum(len(v) for v in s["declines"].values())
     print(f"  declines {n_declines} (plan passes MODEL.gguf shows them)")

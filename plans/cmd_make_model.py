@@ -17,10 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     presets = "; ".join(f"{n}: {p.description}" for n, p in PRESETS.items())
     p = sub.add_parser("make-model", help="write a synthetic GGUF model (random weights)",
                        description=f"{__doc__} Presets: {presets}.")
-    p.add_argument("--preset", required=True, choices=list(PRESETS))
+    p.add_argument("--preset", required=True, choices=list(PRESETS), help="model shape (see the presets above)")
     p.add_argument("--recipe", default="Q4_K_M", choices=list(RECIPES), help="quantization recipe (default Q4_K_M)")
     p.add_argument("-o", "--output", help="output file (default: <preset>-<recipe>.gguf)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights (default 0)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a config field of the preset, e.g. --set n_layers=4 (repeatable)")
     p.add_argument("--vocab-from", metavar="GGUF", help="copy the tokenizer from this GGUF instead of a synthetic one")
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
     verb = "would write" if args.dry_run else "wrote"
     took = "" if seconds is None else f" in {seconds:.1f} s"
     print(f"{verb} {out}: {args.preset} {args.recipe}, {len(build.formats)} tensors, "
-          f"{build.file_size} bytes ({human_bytes(build.file_size)}){took}")
+          f"{build.file_size} bytes ({human_bytes(build.file_size)}){took}; random weights: its text is gibberish")
     rows = [(f, v["count"], v["bytes"]) for f, v in report["formats"].items()]
     print("  " + format_table(["format", "tensors", "bytes"], rows).replace("\n", "\n  "))
     return 0

@@ -24,7 +24,7 @@ from llmplan.runtime.trace import Trace, span
 
 from . import llama_cpp
 from .compile import plan_for
-from .console import print_json
+from .console import Progress, print_json
 from .devices import OFFLINE_TARGETS, local_cpu, resolve_device
 
 EMU_DEFAULT_TARGET = "sm_90"
@@ -40,12 +40,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     what.add_argument("--prompts-file", metavar="FILE", help="many prompts: one per line, or JSON lines")
     p.add_argument("-n", type=int, default=64, help="tokens to generate at most (default 64)")
     p.add_argument("--temp", type=float, default=0.0, help="temperature; 0 is greedy (default)")
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens; 0 keeps all (default)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens whose probabilities sum to p "
+                   "(default 1: all)")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens less likely than p times the likeliest one "
+                   "(default 0: none)")
     p.add_argument("--repeat-penalty", type=float, default=1.0, help="> 1 discourages repeating tokens")
-    p.add_argument("--seed", type=int)
+    p.add_argument("--seed", type=int, help="seed of the sampler (default: a fresh one each run)")
     p.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop at this text (repeatable)")
+    p.add_argument("--truncate", action="store_true", help="a prompt longer than the plan's context keeps its "
+                   "BOS and its last tokens instead of failing (\"truncate\": true in a prompts file)")
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 1)")
     p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
@@ -75,7 +79,7 @@ def _request(engine: Engine, prompt: str, args: argparse.Namespace, overrides: d
         text = engine.tokenizer.encode_chat([{"role": "user", "content": prompt}])
     stop = overrides.get("stop", args.stop)
     return Request(text, overrides.get("max_tokens", args.n), params, tuple([stop] if isinstance(stop, str) else stop),
-                   keep_prompt_logits=bool(args.dump_logits))
+                   keep_prompt_logits=bool(args.dump_logits), truncate=bool(overrides.get("truncate", args.truncate)))
 
 
 def _prompts(path: str) -> list[tuple[str, dict[str, Any]]]:
@@ -94,17 +98,23 @@ def _prompts(path: str) -> list[tuple[str, dict[str, Any]]]:
             raise InputError(f"{path}:{i}: not a JSON object ({e.msg})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("prompt"), str):
             raise InputError(f"{path}:{i}: expected an object with a string \"prompt\"")
-        unknown = set(obj) - _OVERRIDES - {"prompt", "max_tokens", "stop"}
+        unknown = set(obj) - _OVERRIDES - {"prompt", "max_tokens", "stop", "truncate"}
         if unknown:
             raise InputError(f"{path}:{i}: unknown keys {sorted(unknown)}")
         out.append((obj.pop("prompt"), obj))
     return out
 
 
-def _as_json(r: Result) -> dict[str, Any]:
-    d = {"prompt_ids": r.prompt_ids, "ids": r.ids, "text": r.text, "finish_reason": r.finish_reason,
-         "timings": r.timings}
+def _as_json(r: Result, reason: str) -> dict[str, Any]:
+    d = {"prompt_ids": r.prompt_ids, "ids": r.ids, "text": r.text, "finish_reason": reason, "timings": r.timings}
     return d | ({"error": r.error} if r.error else {})
+
+
+def _reason(r: Result, max_tokens: int, ctx: int) -> str:
+    """The engine's finish reason, or "context" where the plan's context ended a generation short of
+    its max_tokens (the engine says "length", as OpenAI's API does)."""
+    cut = r.finish_reason == "length" and len(r.ids) < max_tokens and len(r.prompt_ids) + len(r.ids) >= ctx
+    return "context" if cut else r.finish_reason
 
 
 def run(args: argparse.Namespace) -> int:
@@ -131,6 +141,8 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     if args.bench:  # first touches of the weights and BLAS's thread start would count against the prefill
         engine.run([Request(engine.tokenizer.encode(args.prompt, parse_special=True)[:1], 1)])
     result = None
+    if not args.json and not args.chat:  # the prompt, then its continuation, as llama.cpp shows them
+        sys.stdout.write(args.prompt)
     for ev in engine.generate([request]):
         if ev.finish_reason == "error":
             raise InputError(ev.result.error)
@@ -143,9 +155,13 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     if not args.json:
         sys.stdout.write("\n")
         sys.stdout.flush()
+    reason = _reason(result, request.max_tokens, engine.limits["ctx"])
+    if reason == "context":
+        print(f"plan: stopped at the plan's context of {engine.limits['ctx']} tokens, after {len(result.ids)} of "
+              f"{request.max_tokens} tokens (a larger --ctx holds more)", file=sys.stderr)
     theirs = _bench(engine, result) if args.bench else None
     if args.json:
-        print_json(_as_json(result) | ({"llama_cpp": theirs} if args.bench else {}))
+        print_json(_as_json(result, reason) | ({"llama_cpp": theirs} if args.bench else {}))
     return 0
 
 
@@ -156,7 +172,7 @@ def _plan(args: argparse.Namespace) -> str:
     if not is_gguf(args.plan):
         return args.plan
     if args.device in ("cuda", "hip"):  # for the local GPU, from its own facts
-        return plan_for(args.plan, args.ctx, args.max_seqs or 1, resolve_device(args.device))
+        return plan_for(args.plan, args.ctx, args.max_seqs or 1, resolve_device(args.device), Progress("plan run"))
     if args.device not in (None, "cpu", "emu"):
         raise InputError(f"--device {args.device}: compile the GGUF for it first "
                          f"(plan compile ... --device {args.device})")
@@ -164,7 +180,7 @@ def _plan(args: argparse.Namespace) -> str:
     if args.device == "emu" and target not in OFFLINE_TARGETS:
         raise InputError(f"--target {target}: not a GPU target ({', '.join(OFFLINE_TARGETS)})")
     device = OFFLINE_TARGETS[target] if args.device == "emu" else local_cpu()
-    return plan_for(args.plan, args.ctx, args.max_seqs or 1, device)
+    return plan_for(args.plan, args.ctx, args.max_seqs or 1, device, Progress("plan run"))
 
 
 def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:
@@ -187,6 +203,7 @@ def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:
 def _many(engine: Engine, prompts: list[tuple[str, dict[str, Any]]], args: argparse.Namespace) -> int:
     """Every prompt of a prompts file together; results in the file's order."""
     results: list[Result | None] = [None] * len(prompts)
+    reasons = ["error"] * len(prompts)
     requests, where = [], []
     for i, (prompt, overrides) in enumerate(prompts):
         try:
@@ -195,14 +212,14 @@ def _many(engine: Engine, prompts: list[tuple[str, dict[str, Any]]], args: argpa
         except InputError as e:
             results[i] = Result([], finish_reason="error", error=str(e))
     t0 = time.perf_counter()
-    for i, r in zip(where, engine.run(requests)):
-        results[i] = r
+    for i, request, r in zip(where, requests, engine.run(requests)):
+        results[i], reasons[i] = r, _reason(r, request.max_tokens, engine.limits["ctx"])
     wall = time.perf_counter() - t0
     if args.json:
-        print_json([_as_json(r) for r in results])
+        print_json([_as_json(r, why) for r, why in zip(results, reasons)])
     else:
         for i, ((prompt, _), r) in enumerate(zip(prompts, results)):
-            what = r.error if r.error else f"{len(r.ids)} tokens, {r.finish_reason}"
+            what = r.error if r.error else f"{len(r.ids)} tokens, {reasons[i]}"
             print(f"=== {i + 1}/{len(results)} ({what}): {prompt[:60]}")
             print(r.text)
     if args.bench:

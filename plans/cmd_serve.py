@@ -32,7 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--grace", type=float, default=30.0,
                    help="on SIGINT/SIGTERM, seconds running requests may take to finish before they are "
                         "cancelled (default 30)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (default info)")
     p.set_defaults(run=run)
 
 

@@ -16,8 +16,8 @@ from llmplan.runtime.probe_runner import ProbeRunner
 
 from . import cpu_tuning, gpu_tuning
 from .cmd_compile import add_tune_dir
-from .compile import DEFAULT_CHUNK, limits_for, lower_phases
-from .console import format_table, print_json
+from .compile import DEFAULT_CHUNK, drop_cached_plans, limits_for, lower_phases
+from .console import Progress, format_table, print_json
 from .devices import resolve_device
 from .probes import ROUND_SECONDS
 from .tune_store import TuneStore
@@ -48,15 +48,21 @@ def run(args: argparse.Namespace) -> int:
     store = TuneStore.from_flag(args.tune_dir)
     model = open_model(args.model)
     t0 = time.perf_counter()
-    phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
-    if device.backend == "cpu":
-        decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True, round_seconds=args.round_ms / 1000)
-        rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
-                 "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
-        build = cpu_tuning.build_id()
-    else:
-        rows, build = _tune_gpu(model, phases, table, device, store, args.round_ms / 1000), "per decision"
+    progress = Progress("plan tune")
+    with progress.phase("trace, fuse and lower"):
+        phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
+    with progress.phase("probe every decision"):
+        if device.backend == "cpu":
+            decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True,
+                                        round_seconds=args.round_ms / 1000)
+            rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
+                     "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
+            build = cpu_tuning.build_id()
+        else:
+            rows, build = _tune_gpu(model, phases, table, device, store, args.round_ms / 1000), "per decision"
     seconds = time.perf_counter() - t0
+    if store.enabled and device.backend == "cpu":  # the plans plan run compiled on the fly for this CPU
+        drop_cached_plans(model)
     if args.json:
         print_json({"device_key": device.tune_key, "store": store.describe(), "build_id": build,
                     "seconds": round(seconds, 2), "decisions": rows})

@@ -3,8 +3,11 @@ lists over one arena -> the plan file. (`plan compile`, and `plan run MODEL.gguf
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import os
 import platform
+import time
 from typing import Any
 
 import numpy as np
@@ -20,9 +23,10 @@ from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
 
 from . import cpu_tuning
+from .console import Progress, plural
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
-from .planfile import model_fingerprint, write_plan
+from .planfile import model_fingerprint, read_header, write_plan
 from .select import select
 from .tune_store import TuneStore
 
@@ -86,16 +90,24 @@ def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
 
 
 def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
-                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None) -> dict[str, Any]:
+                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None,
+                  progress: Progress | None = None) -> dict[str, Any]:
     """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. Measured
-    decisions come from the tune store `tune` (none: the heuristics decide)."""
+    decisions come from the tune store `tune` (none: the heuristics decide). `progress` shows the phases."""
     limits = limits_for(model, ctx, chunk, max_seqs)
     store = tune or TuneStore(None)
-    phases, texts, declines, table = lower_phases(model, device, limits)
+    phase = progress.phase if progress else lambda what: contextlib.nullcontext()
+    with phase(f"trace, fuse and lower {plural(len(PHASES), 'phase')}"):
+        phases, texts, declines, table = lower_phases(model, device, limits)
     probed = 0
     if device.backend == "cpu":
-        probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
-    gpu = _gpu_kernels(phases, table, device, store) if device.backend != "cpu" else None
+        with phase("choose kernels (probing the decisions the tune store lacks)" if store.probes else
+                   "choose kernels"):
+            probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
+    gpu = None
+    if device.backend != "cpu":
+        with phase(f"choose and build kernels for {device.arch}"):
+            gpu = _gpu_kernels(phases, table, device, store)
     arena = max(p["arena_bytes"] for p in phases.values())
     layouts = weight_layouts(phases, table)
     header = {
@@ -120,7 +132,8 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
     }
     if gpu is not None:
         body["gpu"] = gpu
-    size = write_plan(out, header, body)
+    with phase(f"write {os.fspath(out)}"):
+        size = write_plan(out, header, body)
     summary = {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
                "launches": {ph: sum(len(l.get("kernels", [0])) for l in p["launches"]) for ph, p in phases.items()},
                "limits": limits,
@@ -176,22 +189,51 @@ def _plain(arg: dict[str, Any]) -> dict[str, Any]:
     return arg | {"layout": "plain"} if "weight" in arg and "layout" not in arg else arg
 
 
-def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: DeviceFacts | None = None) -> str:
+def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: DeviceFacts | None = None,
+             progress: Progress | None = None) -> str:
     """The plan `plan run MODEL.gguf` uses: compiled once for `device` (default this machine's CPU; a GPU
-    target for the emulated GPU), then taken from the cache."""
+    target for the emulated GPU), then taken from the cache. It takes the tune store's entries but
+    probes nothing (the heuristic decides the rest, and `progress` says how to measure them)."""
     model = open_model(gguf)
     device = device or local_cpu()
     cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
-    if not os.path.exists(cached):
+    if not _readable(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
-        compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, tune=TuneStore.from_flag(None))
+        t0 = time.perf_counter()
+        s = compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, TuneStore.from_flag(None, probe=False),
+                          progress)
+        if progress:
+            progress.note(f"compiled {gguf} for {device.key} in {time.perf_counter() - t0:.1f} s, cached as {cached}")
+            if s["tune"]["heuristic"] and device.backend == "cpu":
+                progress.note(f"{plural(s['tune']['heuristic'], 'tuning decision')} by heuristic: plan tune {gguf} "
+                              "measures them for this machine, and the next run compiles with them")
     return cached
+
+
+def _readable(plan: str) -> bool:
+    """Whether a cached plan is there and this llmplan reads it (one left by another version is not)."""
+    try:
+        read_header(plan)
+        return True
+    except (OSError, InputError):
+        return False
+
+
+def drop_cached_plans(model: Model) -> None:
+    """Forget the plans `plan run` compiled on the fly for this model and this CPU (whatever their
+    limits): after `plan tune`, the next run compiles with the measured decisions."""
+    for path in glob.glob(os.path.join(glob.escape(str(cache_root() / "plans")),
+                                       glob.escape(_cache_stem(model, local_cpu())) + ".*.plan")):
+        os.remove(path)
 
 
 def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:
     """Where `plan run MODEL.gguf` keeps the plan it compiled on the fly."""
-    root = cache_root() / "plans"
+    return str(cache_root() / "plans" / f"{_cache_stem(model, device)}.{limits_key}.plan")
+
+
+def _cache_stem(model: Model, device: DeviceFacts) -> str:
     fp = model_fingerprint(model.file)
-    name = f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}"
-    return str(root / f"{name}.{device.key.replace(':', '_')}.{limits_key}.plan")
+    return (f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}."
+            f"{device.key.replace(':', '_')}")
 

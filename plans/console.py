@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
-from typing import Any, Iterable, Sequence
+import time
+from typing import Any, Iterable, Iterator, Sequence
 
 
 def print_json(obj: Any) -> None:
@@ -35,3 +37,33 @@ def human_bytes(n: int) -> str:
             return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError
+
+
+def plural(n: int, one: str, many: str = "") -> str:
+    """'1 tensor', '2 tensors'; `many` where adding an s is not the plural."""
+    return f"{n} {one}" if n == 1 else f"{n} {many or one + 's'}"
+
+
+class Progress:
+    """Where a long command is, on stderr: on a terminal each phase's line shows it running, then its
+    time; elsewhere (a log, a pipe) one line as each phase starts, so a log says what is running now."""
+
+    def __init__(self, prefix: str, stream: Any = None):
+        self.prefix, self.stream = prefix, stream or sys.stderr
+        self.tty = self.stream.isatty()
+
+    def note(self, text: str) -> None:
+        self.stream.write(f"{self.prefix}: {text}\n")
+        self.stream.flush()
+
+    @contextlib.contextmanager
+    def phase(self, what: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        self.stream.write(f"{self.prefix}: {what}" + (" ..." if self.tty else "\n"))
+        self.stream.flush()
+        try:
+            yield
+        finally:
+            if self.tty:  # a probe's progress bar may have drawn over the line: draw it whole
+                self.stream.write(f"\r\x1b[K{self.prefix}: {what} ({time.perf_counter() - t0:.1f} s)\n")
+                self.stream.flush()

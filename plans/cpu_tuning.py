@@ -182,11 +182,11 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
         look = store.load(device.tune_key, d.key, bid)
         if look.entry is not None and not measure_all and look.entry["winner"] in {s.name for s in cands}:
             _take(d, look.id, look.entry, cands)
-        elif store.enabled or measure_all:
+        elif store.probes or measure_all:
             d.replaced = look.why if look.why not in ("missing", "off") else ""
             todo.append((d, cands))
         else:
-            d.provenance = "heuristic: no entry (tune store off)"
+            d.provenance = f"heuristic: no entry ({'not probed' if store.enabled else 'tune store off'})"
     for d, cands in tqdm(todo, desc="probing", unit="decision", disable=None, file=sys.stderr):
         v = probe(d.projection, cands, round_seconds or probes.ROUND_SECONDS)
         entry = record(v, device.tune_key, d.key, bid)

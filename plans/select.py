@@ -101,6 +101,9 @@ def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceF
         m = manifests[ln.kernel.name]
         if m.spill_bytes:
             return f"{ln.kernel.name}: spills {m.spill_bytes} bytes ({m.registers} registers x {m.threads} threads)"
+        if m.threads > device.max_threads_per_block:
+            return (f"{ln.kernel.name}: {m.threads} threads over the {device.max_threads_per_block}-thread per-block "
+                    f"limit of {device.arch}")
         shared = m.shared_bytes + ln.smem
         if shared > device.smem_per_block_optin:
             return (f"{ln.kernel.name}: {shared} bytes of shared memory over the {device.smem_per_block_optin}-byte "

@@ -58,16 +58,23 @@ class Lookup:
 
 
 class TuneStore:
-    def __init__(self, root: str | os.PathLike | None):
+    def __init__(self, root: str | os.PathLike | None, probe: bool = True):
         self.root = Path(root) if root is not None else None
+        self._probe = probe
 
     @classmethod
-    def from_flag(cls, flag: str | None) -> TuneStore:
-        return cls(resolve(flag))
+    def from_flag(cls, flag: str | None, probe: bool = True) -> TuneStore:
+        return cls(resolve(flag), probe)
 
     @property
     def enabled(self) -> bool:
         return self.root is not None
+
+    @property
+    def probes(self) -> bool:
+        """Whether a compile probes the decisions the store lacks and records them (not where a first
+        `plan run MODEL.gguf` compiles: minutes of probing before a first token; `plan tune` does it)."""
+        return self.enabled and self._probe
 
     def describe(self) -> str:
         return str(self.root) if self.root is not None else "off"

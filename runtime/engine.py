@@ -164,7 +164,7 @@ class Engine:
         if len(ids) >= ctx:
             if not request.truncate:
                 raise RequestError(f"the prompt has {len(ids)} tokens; the plan's context holds {ctx}: shorten it, "
-                                   "ask for truncation, or compile with a larger --ctx")
+                                   "truncate it (Request.truncate, plan run --truncate), or compile with a larger --ctx")
             keep = [ids[0]] if ids[0] == tok.bos else []
             ids = keep + ids[len(ids) - (ctx - 1 - len(keep)):]
         sid = self._next_id

@@ -61,4 +61,5 @@ def test_compiled_plan_has_no_overlapping_live_buffers(tmp_path, phase):
             ra = (bufs[a]["offset"], bufs[a]["offset"] + bufs[a]["bytes"])
             rb = (bufs[b]["offset"], bufs[b]["offset"] + bufs[b]["bytes"])
             assert ra[1] <= rb[0] or rb[1] <= ra[0], (a, b)
-        assert max(bufs[a]["offset"] + bufs[a]["bytes"], 0) <= body["arena_bytes"]
+    for b in life:
+        assert 0 <= bufs[b]["offset"] and bufs[b]["offset"] + bufs[b]["bytes"] <= body["arena_bytes"], b

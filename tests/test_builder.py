@@ -1,6 +1,8 @@
 """The synthetic-model builder writes files our reader validates and binds, deterministically, with
 finite weights of the intended scale, for every preset and recipe."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -98,6 +100,15 @@ def test_llama31_rope_factors():
     assert np.all(np.diff(f) >= 0)  # low frequencies are stretched most
 
 
-def test_every_preset_is_valid():
-    for name in PRESETS:
-        preset_config(name)
+def test_every_preset_keeps_its_shape():
+    """A preset's config has the shape it declares, and the real models' presets their parameter counts
+    (Meta-Llama-3.1-8B and Gemma 3 270M: their model cards' exact figures)."""
+    real = {"llama3-8b": 8_030_261_248, "gemma3-270m": 268_098_176}
+    for name, p in PRESETS.items():
+        c = preset_config(name)
+        assert c.arch == p.arch and c.name == name
+        for k, v in p.shape.items():
+            assert getattr(c, k) == v or isinstance(v, float) and math.isclose(getattr(c, k), v, rel_tol=1e-7), (name, k)
+        if name in real:
+            shapes = expected_tensors(c)
+            assert sum(math.prod(s) for n, s in shapes.items() if n != "rope_freqs.weight") == real[name]

@@ -82,11 +82,16 @@ def test_make_model(cli, tmp_path):
     out_path = tmp_path / "tiny.gguf"
     code, out, _ = cli("make-model", "--preset", "tiny-llama", "-o", out_path)
     assert code == 0 and out.startswith(f"wrote {out_path}: tiny-llama Q4_K_M, 21 tensors")
+    assert "random weights: its text is gibberish" in out.splitlines()[0]
     code, out, _ = cli("info", out_path, "--json")
     assert json.loads(out)["config"]["n_layers"] == 2
     _one_line_error(cli, "make-model", "--preset", "tiny-llama", "-o", out_path, match="exists; pass --force")
+    seed0 = out_path.read_bytes()
     code, _, _ = cli("make-model", "--preset", "tiny-llama", "-o", out_path, "--force", "--seed", "3")
-    assert code == 0
+    seed3 = out_path.read_bytes()
+    assert code == 0 and len(seed3) == len(seed0) and seed3 != seed0  # overwritten, with other weights
+    code, _, _ = cli("make-model", "--preset", "tiny-llama", "-o", out_path, "--force", "--seed", "3")
+    assert code == 0 and out_path.read_bytes() == seed3  # a seed gives the same file
     _one_line_error(cli, "make-model", "--preset", "tiny-llama", "-o", tmp_path, match="is a directory")
     _one_line_error(cli, "make-model", "--preset", "tiny-llama", "--set", "dim", "-o", tmp_path / "x.gguf",
                     match="--set expects FIELD=VALUE")

@@ -32,8 +32,12 @@ def test_eval_matches_llama_cpp(cli, tmp_path):
 
 
 def test_eval_text_output(cli):
+    """The text streamed is the generated tokens' text, as --json gives it."""
     code, out, err = cli("ir", TINY_SPM, "--eval", "Once upon a time", "-n", "3")
-    assert code == 0 and out.endswith("\n") and "3 tokens at" in err
+    assert code == 0 and "3 tokens at" in err
+    code, js, _ = cli("ir", TINY_SPM, "--eval", "Once upon a time", "-n", "3", "--json")
+    d = json.loads(js)
+    assert len(d["ids"]) == 3 and d["text"] and out == d["text"] + "\n"
 
 
 def test_unsupported_architecture(cli, tmp_path):

@@ -108,8 +108,16 @@ def test_gemma3_compiles(compiled, gemma3_path, target):
 
 
 def test_spm_model_compiles(compiled):
+    """Llama 2 (SentencePiece, GQA 2, no rope factors): every launched kernel is built, passed the gates
+    and gets an argument per parameter; nothing is built that no launch runs."""
     _, _, body = compiled(TINY_SPM, "sm_90")
-    assert body["gpu"]["manifests"]
+    manifests = body["gpu"]["manifests"]
+    launched = _launched(body)
+    assert {k["name"] for _, _, k in launched} == set(manifests) and body["gpu"]["binary"]
+    assert all(m["instructions"] and m["spill_bytes"] == 0 for m in manifests.values())
+    for _, _, k in launched:
+        assert len(k["args"]) == len(body["kernels"][k["name"]]["params"]), k["name"]
+    assert {l["op"] for _, l, _ in launched} >= {"rope_kv", "attention", "tail_argmax"}
 
 
 def test_every_kernel_has_its_numpy_twin(compiled):
@@ -183,6 +191,10 @@ def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
         (why,) = [w for m, w in launch["pruned"].items() if m.startswith("mma_128x128")]
         assert re.search(r"lp_gemm_mma_128x128\w*: \d+ bytes of shared memory over the 38912-byte per-block limit "
                          r"of sm_90", why), why
+    narrow = dataclasses.replace(OFFLINE_TARGETS["sm_90"], max_threads_per_block=128)
+    with pytest.raises(BuildError, match=r"no member of \w+ fits sm_90: \w+: lp_\w+: 256 threads over the "
+                                         r"128-thread per-block limit of sm_90"):
+        compile_model(open_model(TINY_BPE), narrow, tmp_path / "n.plan")
     tiny = dataclasses.replace(small, smem_per_block_optin=1024)
     with pytest.raises(BuildError, match=r"no member of \w+ fits sm_90: \w+: lp_\w+: \d+ bytes of shared memory over "
                                          r"the 1024-byte per-block limit of sm_90"):
@@ -206,7 +218,10 @@ def test_inspect_kernels_and_source(compiled, cli, tmp_path):
     assert code != 0 and "no kernel named 'lp_nope' in this plan" in err
     code, out, _ = cli("inspect", path)
     assert code == 0 and "planar (version 1): " in out and "held on the device" in out and "--device emu" in out
-    code, _, err = cli("compile", TINY_BPE, "-o", tmp_path / "c.plan")
+    code, out, _ = cli("compile", TINY_BPE, "--device", "gfx1151", "-o", tmp_path / "g.plan", "--tune-dir", "off")
+    assert code == 0 and f"{len(body['gpu']['manifests'])} kernels from the kernel cache (" in out  # built above
+    code, _, err = cli("compile", TINY_BPE, "-o", tmp_path / "c.plan", "--tune-dir", "off")
+    assert code == 0, err
     code, _, err = cli("inspect", tmp_path / "c.plan", "--kernels")
     assert code != 0 and "is a CPU plan" in err
 

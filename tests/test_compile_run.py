@@ -126,6 +126,8 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     assert w["layouts"]["rows"]["tensors"] == ["token_embd.weight"] and not w["layouts"]["rows"]["copies"]
     assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] > 0
     assert s["phases"]["decode"]["kernels"]["matmul/p4m"] == 9  # one row: one sgemv, the default panel
+    code, out, _ = cli("inspect", plan)
+    assert code == 0 and ": 1 sequence of the full context" in out and "rows (version 1): 1 tensor, " in out
     code, _, err = cli("compile", TINY_BPE, "--ctx", "999999999", "-o", tmp_path / "y.plan")
     assert code == 2 and "--ctx 999999999 is outside" in err
 

@@ -3,6 +3,8 @@ defaults, and hyperparameters that make no sense rejected with a message naming 
 
 import math
 
+import numpy as np
+
 import pytest
 from gguf import GGUFValueType as V
 
@@ -58,14 +60,26 @@ def test_expected_tensor_order_is_llama_cpp_file_order(gemma3_path):
         assert list(expected_tensors(config_from_gguf(f))) == list(f.tensors)
 
 
+def test_a_float32_value_is_its_shortest_decimal():
+    """The file holds float32 1e-5 (9.999999747378752e-06 as a double): the config and the printed IR say
+    1e-05, and float32 of it is the file's value again."""
+    f = GGUFFile(TINY_BPE)
+    c = config_from_gguf(f)
+    assert c.norm_eps == 1e-05 and np.float32(c.norm_eps) == np.float32(f.metadata["llama.attention.layer_norm_rms_epsilon"].value)
+
+
+def _held(v):
+    return np.float32(v.value) if v.type == V.FLOAT32 else v.value
+
+
 def test_metadata_round_trip(tmp_path, gemma3_path):
     for path in (TINY_SPM, TINY_BPE, gemma3_path):
         f = GGUFFile(path)
         c = config_from_gguf(f)
         keys = dict(config_to_metadata(c))
         for k, v in keys.items():
-            if k in f.metadata:
-                assert f.metadata[k].value == v.value, k
+            if k in f.metadata:  # a float32 value is the float32 the file holds (the config keeps its decimal)
+                assert f.metadata[k].type == v.type and _held(f.metadata[k]) == _held(v), k
         arch_keys = {k for k in f.metadata if k.startswith(c.arch + ".")}
         assert arch_keys <= set(keys)
         copy = rewrite(path, tmp_path / "copy.gguf",

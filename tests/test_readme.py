@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -22,5 +23,19 @@ def test_python_api_example(tmp_path, capsys):
     engine = scope["engine"]
     assert all(r.finish_reason in ("stop", "length") and r.ids for r in scope["results"])
     assert engine.pool.free_blocks == engine.pool.total
-    out = capsys.readouterr().out
-    assert "0 " in out and "1 " in out and ("length" in out or "stop" in out)
+    # the streamed lines (index, repr(text), finish reason) add up to each request's own run: greedy
+    # for the first, seeded for the second, whatever ran beside them
+    lines = capsys.readouterr().out.splitlines()
+    streamed = {0: "", 1: ""}
+    ends = {}
+    for line in lines:
+        m = re.fullmatch(r"([01]) ('.*'|\".*\") (stop|length|)", line)
+        if m is None:
+            break  # the chat example's text follows
+        streamed[int(m.group(1))] += ast.literal_eval(m.group(2))
+        if m.group(3):
+            ends[int(m.group(1))] = m.group(3)
+    alone = [engine.run([scope["Request"]("Once upon a time")])[0],
+             engine.run([scope["Request"]("The capital of France is", 16, scope["hot"], stop=(".",))])[0]]
+    assert [streamed[0], streamed[1]] == [r.text for r in alone] and all(alone[i].text for i in (0, 1))
+    assert ends == {0: alone[0].finish_reason, 1: alone[1].finish_reason}
