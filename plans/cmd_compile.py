@@ -17,7 +17,8 @@ from .tune_store import TuneStore
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("compile", help="compile a GGUF model into a plan file", description=__doc__)
     p.add_argument("model", help="GGUF file")
-    p.add_argument("--device", default="cpu", help="cpu (default), or an offline target such as sm_90, gfx1151")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda or hip (the local GPU), or an offline target "
+                   "such as sm_90, gfx1151")
     p.add_argument("-o", "--output", help="plan file (default: MODEL with .plan for .gguf)")
     p.add_argument("--ctx", type=int, help="context length the plan holds (default: the model's, at most 4096)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")

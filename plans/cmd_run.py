@@ -20,11 +20,12 @@ from llmplan.core.errors import InputError
 from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
+from llmplan.runtime.trace import Trace, span
 
 from . import llama_cpp
 from .compile import plan_for
 from .console import Progress, print_json
-from .devices import OFFLINE_TARGETS, local_cpu
+from .devices import OFFLINE_TARGETS, local_cpu, resolve_device
 
 EMU_DEFAULT_TARGET = "sm_90"
 
@@ -52,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     p.add_argument("--max-seqs", type=int, help="sequences per batched step (default: the plan's; with a GGUF, 1)")
     p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
-    p.add_argument("--device", help="cpu, or emu (a GPU plan's kernels emulated on this CPU); default: the plan's "
-                   "own backend")
+    p.add_argument("--device", help="cpu, cuda, hip, or emu (a GPU plan's kernels emulated on this CPU); default: "
+                   "the plan's own backend")
     p.add_argument("--target", help=f"with a GGUF and --device emu: the GPU target to compile for (default "
                    f"{EMU_DEFAULT_TARGET}; {', '.join(OFFLINE_TARGETS)})")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
@@ -63,6 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="after a warm-up step, print prefill and decode speed on stderr, next to llama.cpp's on the "
                         "same tokens when llama-cpp-python is importable (with --prompts-file: the combined rate "
                         "and preemptions)")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace-event file of the run (Perfetto opens "
+                   "it): compile and load phases, steps, scheduling, prefill and decode, each launch, graph replays; "
+                   "on cuda and hip the device times too")
     p.add_argument("--json", action="store_true", help="print JSON (a list with --prompts-file)")
     p.set_defaults(run=run)
 
@@ -114,10 +118,21 @@ def _reason(r: Result, max_tokens: int, ctx: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    trace = Trace() if args.trace else None
+    try:
+        return _run(args, trace)
+    finally:
+        if trace is not None:
+            trace.write(args.trace)
+
+
+def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     if args.n < 0:
         raise InputError(f"-n must be >= 0, got {args.n}")
-    engine = Engine.load(_plan(args), device=args.device, model_path=args.model, max_seqs=args.max_seqs,
-                         kv_blocks=args.kv_blocks)
+    with span(trace, "compile", "load"):  # a GGUF's plan, compiled (and probed) once, else found
+        plan = _plan(args)
+    engine = Engine.load(plan, device=args.device, model_path=args.model, max_seqs=args.max_seqs,
+                         kv_blocks=args.kv_blocks, trace=trace)
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")
@@ -156,6 +171,8 @@ def _plan(args: argparse.Namespace) -> str:
         raise InputError("--target takes a GGUF run on the emulated GPU (--device emu)")
     if not is_gguf(args.plan):
         return args.plan
+    if args.device in ("cuda", "hip"):  # for the local GPU, from its own facts
+        return plan_for(args.plan, args.ctx, args.max_seqs or 1, resolve_device(args.device), Progress("plan run"))
     if args.device not in (None, "cpu", "emu"):
         raise InputError(f"--device {args.device}: compile the GGUF for it first "
                          f"(plan compile ... --device {args.device})")

@@ -1,15 +1,20 @@
-"""`plan tune MODEL.gguf --device cpu`: measure every decision the plan for this model and device would
-take from the tune store, record the verdicts there, and print them."""
+"""`plan tune MODEL.gguf --device cpu|cuda|hip`: measure every decision the plan for this model and device
+would take from the tune store, record the verdicts there, and print them."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+
+from tqdm import tqdm
 
 from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
+from llmplan.runtime.driver import driver_for
+from llmplan.runtime.probe_runner import ProbeRunner
 
-from . import cpu_tuning
+from . import cpu_tuning, gpu_tuning
 from .cmd_compile import add_tune_dir
 from .compile import DEFAULT_CHUNK, drop_cached_plans, limits_for, lower_phases
 from .console import Progress, format_table, print_json
@@ -22,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="measure the planner's decisions for a model into the tune store",
                        description=__doc__)
     p.add_argument("model", help="GGUF file")
-    p.add_argument("--device", default="cpu", help="cpu (default); GPU targets need their device and runtime")
+    p.add_argument("--device", default="cpu", help="cpu (default), or cuda / hip: the local GPU's probes")
     p.add_argument("--ctx", type=int, help="context length, as for plan compile")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
     p.add_argument("--max-seqs", type=int, default=1, help="sequences decoded in one batched step (default 1)")
@@ -35,10 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
-    if device.backend != "cpu":
-        raise InputError(f"plan tune --device {args.device}: GPU probes run on the device and need the "
-                         f"{device.backend.upper()} runtime, which llmplan does not have yet (plan compile "
-                         f"--device {args.device} takes GPU entries a store already holds)")
+    if device.backend != "cpu" and args.device not in ("cuda", "hip"):
+        raise InputError(f"plan tune --device {args.device}: GPU probes run on the device itself, through the "
+                         f"{device.backend.upper()} runtime: run plan tune --device {device.backend} there")
     if not args.round_ms > 0:
         raise InputError(f"--round-ms must be positive, got {args.round_ms}")
     store = TuneStore.from_flag(args.tune_dir)
@@ -48,15 +52,19 @@ def run(args: argparse.Namespace) -> int:
     with progress.phase("trace, fuse and lower"):
         phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
     with progress.phase("probe every decision"):
-        decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True,
-                                    round_seconds=args.round_ms / 1000)
+        if device.backend == "cpu":
+            decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True,
+                                        round_seconds=args.round_ms / 1000)
+            rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
+                     "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
+            build = cpu_tuning.build_id()
+        else:
+            rows, build = _tune_gpu(model, phases, table, device, store, args.round_ms / 1000), "per decision"
     seconds = time.perf_counter() - t0
-    if store.enabled:
+    if store.enabled and device.backend == "cpu":  # the plans plan run compiled on the fly for this CPU
         drop_cached_plans(model)
-    rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
-             "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
     if args.json:
-        print_json({"device_key": device.tune_key, "store": store.describe(), "build_id": cpu_tuning.build_id(),
+        print_json({"device_key": device.tune_key, "store": store.describe(), "build_id": build,
                     "seconds": round(seconds, 2), "decisions": rows})
         return 0
     print(f"{len(rows)} decisions for {device.tune_key} measured in {seconds:.1f} s (store {store.describe()})")
@@ -68,6 +76,20 @@ def run(args: argparse.Namespace) -> int:
         if r["replaced"]:
             print(f"replaced entry {r['entry']} ({r['replaced']})")
     return 0
+
+
+def _tune_gpu(model, phases, table, device, store: TuneStore, round_seconds: float) -> list[dict]:
+    """Probe every GPU decision on the local device (runtime/probe_runner.py) into the store."""
+    found, built = gpu_tuning.decisions(phases, table, device)
+    runner = ProbeRunner(driver_for(device.backend), device.to_dict(), model.file, table, built, found)
+    rows = []
+    for d in tqdm(found, desc="probing", unit="decision", disable=None, file=sys.stderr):
+        v = runner.verdict(d, round_seconds)
+        gpu_tuning.keep(d, v, device, store)
+        rows.append({"decision": d.key, "launches": d.phases, "chosen": v.winner, "provenance": d.provenance,
+                     "entry": d.entry, "replaced": "", "pruned": d.pruned, "default": v.default, "lead": v.lead,
+                     "tie": v.tie, "medians": v.medians, "rejected": v.rejected})
+    return rows
 
 
 def _verdict(entry: dict | None) -> dict:

@@ -1,5 +1,5 @@
-"""What the planner knows about a device: DeviceFacts from the local machine, or from a built-in table
-for offline targets (compile for a GPU that is not here).
+"""What the planner knows about a device: DeviceFacts from the local machine (the CPU, or GPU 0 through
+CuPy or hip-python), or from a built-in table for offline targets (compile for a GPU that is not here).
 
 The device key names the backend and the geometry that changes a planning answer (architecture,
 multiprocessors, wave width, shared memory); plans are valid only for their key, tune entries only for
@@ -12,6 +12,7 @@ import os
 import platform
 from dataclasses import asdict, dataclass
 
+from llmplan.core import gpu_runtime
 from llmplan.core.errors import InputError
 
 
@@ -95,13 +96,75 @@ def local_cpu() -> DeviceFacts:
                        1, 0, 0, 0, 1, 0.0, round(mem, 1), "numpy", "none", simd_level())
 
 
+def _instructions(backend: str, arch: str) -> tuple[str, str]:
+    """The int8 dot-product and matrix instruction families of an architecture (the offline table's)."""
+    for t in OFFLINE_TARGETS.values():
+        if (t.backend, t.arch) == (backend, arch):
+            return t.int8_dot, t.int8_matrix
+    known = sorted({t.arch for t in OFFLINE_TARGETS.values() if t.backend == backend})
+    raise InputError(f"the local {backend} device is {arch}, which llmplan has no kernels for ({', '.join(known)})")
+
+
+def _text(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _peak_gbs(props: dict) -> float:
+    """Peak bandwidth from the memory clock (kHz; HBM moves data on both edges) and bus width (bits)."""
+    return round(2 * props.get("memoryClockRate", 0) * 1e3 * props.get("memoryBusWidth", 0) / 8 / 1e9, 1)
+
+
+def cuda_facts(props: dict) -> DeviceFacts:
+    """DeviceFacts from a CUDA device's properties, keyed as cupy.cuda.runtime.getDeviceProperties
+    gives them (memoryClockRate, which CUDA 13 dropped from the struct, from the device attribute)."""
+    arch = f"sm_{props['major']}{props['minor']}"
+    dot, matrix = _instructions("cuda", arch)
+    return DeviceFacts(_text(props["name"]), "cuda", arch, props["multiProcessorCount"], props["warpSize"],
+                       props["sharedMemPerBlock"], props["sharedMemPerBlockOptin"], props["regsPerMultiprocessor"],
+                       props["maxThreadsPerBlock"], _peak_gbs(props), round(props["totalGlobalMem"] / 2**30, 1),
+                       dot, matrix)
+
+
+def hip_facts(props: dict) -> DeviceFacts:
+    """DeviceFacts from a HIP device's properties (hipDeviceProp_t's fields by name). AMD has no
+    shared-memory opt-in: a block may use all of sharedMemPerBlock. The peak bandwidth is left unknown
+    (0): the memory clock HIP reports gives no data rate that holds across GDDR6 and HBM3 parts (the
+    benchmark measures it)."""
+    arch = _text(props["gcnArchName"]).split(":")[0]  # gfx1100:sramecc+:xnack-
+    dot, matrix = _instructions("hip", arch)
+    return DeviceFacts(_text(props["name"]), "hip", arch, props["multiProcessorCount"], props["warpSize"],
+                       props["sharedMemPerBlock"], props["sharedMemPerBlock"], props["regsPerMultiprocessor"],
+                       props["maxThreadsPerBlock"], 0.0, round(props["totalGlobalMem"] / 2**30, 1), dot, matrix)
+
+
+HIP_PROPERTIES = ("name", "gcnArchName", "multiProcessorCount", "warpSize", "sharedMemPerBlock",
+                  "regsPerMultiprocessor", "maxThreadsPerBlock", "totalGlobalMem")
+
+
+def local_gpu(backend: str) -> DeviceFacts:
+    """The facts of GPU 0, read through its runtime library."""
+    if backend == "cuda":
+        rt = gpu_runtime.cupy().cuda.runtime
+        props = dict(rt.getDeviceProperties(0))
+        if "memoryClockRate" not in props:  # CUDA 13 dropped it from the properties struct
+            try:
+                props["memoryClockRate"] = rt.deviceGetAttribute(rt.cudaDevAttrMemoryClockRate, 0)
+            except rt.CUDARuntimeError:
+                props["memoryClockRate"] = 0  # the peak bandwidth stays unknown (0); the benchmark measures it
+        return cuda_facts(props)
+    hip = gpu_runtime.hip()
+    err, p = hip.hipGetDeviceProperties(0)
+    if err != hip.hipError_t.hipSuccess:
+        raise InputError(f"--device hip: cannot read the device's properties ({err})")
+    return hip_facts({k: getattr(p, k) for k in HIP_PROPERTIES})
+
+
 def resolve_device(name: str) -> DeviceFacts:
-    """'cpu', or an offline target such as 'sm_90'; a local GPU ('cuda', 'hip') needs its backend."""
+    """'cpu', an offline target such as 'sm_90', or the local GPU ('cuda', 'hip')."""
     if name == "cpu":
         return local_cpu()
     if name in OFFLINE_TARGETS:
         return OFFLINE_TARGETS[name]
     if name in ("cuda", "hip"):
-        raise InputError(f"--device {name}: the {name.upper()} backend is not built yet; compile for the CPU "
-                         f"(--device cpu) or an offline target ({', '.join(OFFLINE_TARGETS)})")
+        return local_gpu(name)
     raise InputError(f"unknown device {name!r} (cpu, cuda, hip, or an offline target: {', '.join(OFFLINE_TARGETS)})")

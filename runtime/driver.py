@@ -86,6 +86,7 @@ class Driver(ABC):
     name: str
     graphs: bool = False  # whether record() captures calls for replay
     overlaps: bool = False  # whether launches run asynchronously to the host (a pipelined decode pays off)
+    host_memory: bool = False  # whether put() may use the host array in place (the caller keeps it alive)
 
     @abstractmethod
     def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
@@ -122,6 +123,11 @@ class Driver(ABC):
 
     def sync(self) -> None:
         """Wait for everything queued (nothing to do on the host backends)."""
+
+    def marker(self) -> Any:
+        """A point on the device's timeline, recorded on the stream now, whose seconds_since(earlier
+        marker) is device time (a trace's device track); None where the host's clock is the device's."""
+        return None
 
 
 # backend name -> module (runtime/drivers/) and class

@@ -44,6 +44,7 @@ from .kv_blocks import BlockPool
 from .requests import Event, Request, RequestError, Result, SamplingParams, StopText
 from .sampler import Sampler, token_logprobs
 from .scheduler import Scheduler, Sequence, Step
+from .trace import Trace, span
 
 RECORDS_KEPT = 10_000
 PLACEHOLDER = -1  # a sequence's last token while it is still on the device (pipelined decode)
@@ -77,6 +78,7 @@ class Engine:
         self.plan_path, self.header, self.body, self.model = plan_path, header, body, model
         self.limits = header["limits"]
         self.executor = executor
+        self.trace = executor.trace
         self.device = executor.driver.name
         self.pipelined = pipelined
         self._queued: _Queued | None = None
@@ -95,13 +97,14 @@ class Engine:
     @classmethod
     def load(cls, plan: str | os.PathLike, device: str | None = None, model_path: str | None = None,
              max_seqs: int | None = None, kv_blocks: int | None = None, pipelined: bool | None = None,
-             replay: bool = True, poison: bool = False) -> Engine:
+             replay: bool = True, poison: bool = False, trace: Trace | None = None) -> Engine:
         """An engine for a plan file on `device` (default: the plan's own backend; "emu" runs a GPU
         plan's kernels on the host). `max_seqs` (at most the plan's) bounds the sequences of a batched
         step; `kv_blocks` sizes the K/V pool (default: the plan's, enough for max_seqs sequences of the
         full context). `pipelined` (default: where the driver overlaps the host) queues greedy decode
         steps ahead; `replay` records decode buckets for replay where the driver has graphs; `poison`
-        checks that every kernel writes all it should (slow: tests)."""
+        checks that every kernel writes all it should (slow: tests); `trace` records the load and every
+        step (runtime/trace.py)."""
         t0 = time.perf_counter()
         plan = os.fspath(plan)
         if is_gguf(plan):
@@ -118,9 +121,11 @@ class Engine:
         path = model_path or header.get("model", {}).get("path", "")
         if not os.path.exists(path):
             raise InputError(f"{plan}: the model it was compiled from, {path}, is not there: pass --model PATH")
-        model = GGUFFile(path)
+        with span(trace, "open model", "load"):
+            model = GGUFFile(path)
         key = local_cpu().key if device == "cpu" else None  # the GPU drivers check their device at load
-        header, body = read_plan(plan, key, model)
+        with span(trace, "read plan", "load"):
+            header, body = read_plan(plan, key, model)
         limits = header["limits"]
         max_seqs = limits["max_seqs"] if max_seqs is None else max_seqs
         if not 1 <= max_seqs <= limits["max_seqs"]:
@@ -135,9 +140,13 @@ class Engine:
             dev = header["device"]
             raise InputError(f"{plan}: compiled for {dev['arch']} ({dev['key']}): {e}; run it on the emulated GPU "
                              f"(--device emu), or {recompile_hint(header, 'cpu')}") from None
-        executor = Executor(header, body, driver, model, kv_blocks, poison=poison, replay=replay)
+        executor = Executor(header, body, driver, model, kv_blocks, poison=poison, replay=replay, trace=trace)
         pipelined = driver.overlaps if pipelined is None else pipelined
-        return cls(plan, header, body, model, executor, time.perf_counter() - t0, max_seqs, kv_blocks, pipelined)
+        engine = cls(plan, header, body, model, executor, time.perf_counter() - t0, max_seqs, kv_blocks, pipelined)
+        if trace is not None:
+            trace.attach(driver)
+            trace.complete("load", "load", t0, time.perf_counter(), plan=plan, device=device)
+        return engine
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -236,7 +245,8 @@ class Engine:
         kernel_s = 0.0
         if self._queued is not None and not self._can_pipeline():
             kernel_s += self._consume()
-        plan = self.scheduler.schedule()
+        with span(self.trace, "schedule", "scheduler"):
+            plan = self.scheduler.schedule()
         for seq, why in plan.refused:
             seq.state.result.error = why
             self._finish(seq, "error")
@@ -259,6 +269,8 @@ class Engine:
             record["notes"] = self.executor.notes[self._notes:]
             self._notes = len(self.executor.notes)
         self.records.append(record)
+        if self.trace is not None:
+            self.trace.complete("step", "step", t0, time.perf_counter(), **record)
         self._steps += 1
         return events
 
@@ -288,7 +300,8 @@ class Engine:
                  "pages": self._table(seqs), "last": np.asarray(last, np.int32)}
         head = self._head(ending) if ending else None
         t0 = time.perf_counter()
-        out = self.executor.run("prefill", state, {"cache", head} if head else {"cache"})
+        with span(self.trace, "prefill", "step", rows=len(tokens), seqs=len(seqs)):
+            out = self.executor.run("prefill", state, {"cache", head} if head else {"cache"})
         seconds = time.perf_counter() - t0
         for j, (s, n) in enumerate(plan.prefill):
             self.scheduler.done(s, n)
@@ -311,7 +324,8 @@ class Engine:
         if self.pipelined and head == "next_token" and not plan.prefill:
             return self._decode_ahead(phase, seqs)
         t0 = time.perf_counter()
-        out = self.executor.run(phase, self._decode_state(seqs, fed=False), {"cache", head})
+        with span(self.trace, "decode", "step", rows=len(seqs), pipelined=False):
+            out = self.executor.run(phase, self._decode_state(seqs, fed=False), {"cache", head})
         seconds = time.perf_counter() - t0
         for j, s in enumerate(seqs):
             self.scheduler.done(s, 1)
@@ -340,7 +354,8 @@ class Engine:
         if fed and seqs != self._queued.seqs:
             raise AssertionError("a pipelined step must decode the queued step's sequences")  # _can_pipeline's job
         t0 = time.perf_counter()
-        pending = self.executor.queue(phase, self._decode_state(seqs, fed), {"cache", "next_token"})
+        with span(self.trace, "decode", "step", rows=len(seqs), pipelined=True):
+            pending = self.executor.queue(phase, self._decode_state(seqs, fed), {"cache", "next_token"})
         seconds = time.perf_counter() - t0
         for s in seqs:
             self.scheduler.done(s, 1, known=len(s.tokens) - (s.tokens[-1] == PLACEHOLDER))
@@ -357,7 +372,8 @@ class Engine:
         finished meanwhile had a speculative row: dropped)."""
         q, self._queued = self._queued, None
         t0 = time.perf_counter()
-        tokens = q.pending.result()["next_token"]
+        with span(self.trace, "read tokens", "step", rows=len(q.seqs)):
+            tokens = q.pending.result()["next_token"]
         seconds = time.perf_counter() - t0
         for j, s in enumerate(q.seqs):
             if s.id not in self._seqs:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +38,7 @@ from llmplan.core.numerics import rope_table
 from llmplan.models.gguf import GGUFFile
 
 from .driver import Call, Driver, Pending, Region, Scalar
+from .trace import Trace, span
 
 POISON = 0xFF
 
@@ -92,15 +94,18 @@ def _table_key(spec: dict[str, Any]) -> str:
 
 class Executor:
     def __init__(self, header: dict[str, Any], body: dict[str, Any], driver: Driver, model: GGUFFile, kv_blocks: int,
-                 poison: bool = False, replay: bool = True):
+                 poison: bool = False, replay: bool = True, trace: Trace | None = None):
         self.header, self.body, self.driver, self.model = header, body, driver, model
+        self.trace = trace
         self.phases = body["phases"]
         self.poison, self.replay = poison, replay and driver.graphs and not poison
         self.kv_blocks = kv_blocks
         self.load = LoadRecord()
         t0 = time.perf_counter()
-        driver.load(body, header)
+        with span(trace, "kernels", "load"):
+            driver.load(body, header)
         self.load.kernels_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         self.arena = driver.alloc(body["arena_bytes"])
         c = body["cache"]
         shape = _bound(c["shape"], {"blocks": kv_blocks})
@@ -118,6 +123,11 @@ class Executor:
                             self._weight(ref["weight"], ref["layout"])
                         elif "rope_table" in ref:
                             self._rope_table(ref["rope_table"], p["dims"])
+        t1 = time.perf_counter()
+        driver.sync()  # the uploads a GPU driver queued count as upload time
+        self.load.upload_s += time.perf_counter() - t1
+        if trace is not None:
+            trace.complete("buffers, weights and tables", "load", t0, time.perf_counter(), **self.load.as_dict())
         self.buckets: dict[tuple, Bucket] = {}
         self.notes: list[str] = []  # what a caller should know once (a bucket that runs directly, and why)
 
@@ -125,7 +135,8 @@ class Executor:
 
     def _hold(self, host: np.ndarray) -> Any:
         t0 = time.perf_counter()
-        self._keep.append(host)
+        if self.driver.host_memory:  # a GPU driver copies it to the device: the host keeps no copy
+            self._keep.append(host)
         buf = self.driver.put(host)
         self.load.upload_s += time.perf_counter() - t0
         return buf
@@ -242,14 +253,16 @@ class Executor:
             if bucket.visits == 2:
                 self._record(bucket, phase, dims, want)
         if bucket is not None and bucket.graph is not None:
-            bucket.graph.replay()
+            with self._traced(f"replay {phase} x{dims['seqs']}", "graph"):
+                bucket.graph.replay()
             bucket.steps += 1
         else:
             calls = self.calls(phase, dims, want)
             for n, (i, call) in enumerate(calls):
                 if self.poison and (n == 0 or calls[n - 1][0] != i):
                     self._poison(phase, p["launches"][i], dims, state)
-                self.driver.launch(call)
+                with self._traced(call.name, "launch", grid=call.grid):
+                    self.driver.launch(call)
                 if self.poison and (n + 1 == len(calls) or calls[n + 1][0] != i):
                     self._check(phase, p["launches"][i], dims, state)
         reads = {name: self.driver.read(self.region(phase, ref, dims))
@@ -259,9 +272,14 @@ class Executor:
     def run(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> dict[str, np.ndarray]:
         return self.queue(phase, state, want).result()
 
+    def _traced(self, name: str, cat: str, **args):
+        """A launch or replay on the trace's host and device tracks, when tracing."""
+        return nullcontext() if self.trace is None else self.trace.on_device(name, cat, **args)
+
     def _record(self, bucket: Bucket, phase: str, dims: dict[str, int], want: set[str]) -> None:
         try:
-            bucket.graph = self.driver.record([c for _, c in self.calls(phase, dims, want)])
+            with span(self.trace, f"record {phase} x{dims['seqs']}", "graph"):
+                bucket.graph = self.driver.record([c for _, c in self.calls(phase, dims, want)])
         except Exception as e:  # the backend's capture failed: this bucket runs directly, and says so once
             bucket.failed = f"{type(e).__name__}: {e}"
             self.notes.append(f"{phase} at {dims['seqs']} sequences runs directly: recording failed ({bucket.failed})")

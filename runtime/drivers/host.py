@@ -40,6 +40,7 @@ class HostGraph(Graph):
 
 class HostDriver(Driver):
     graphs = True
+    host_memory = True
 
     def alloc(self, nbytes: int) -> np.ndarray:
         return np.zeros(max(nbytes, 1), np.uint8)

@@ -1,0 +1,49 @@
+"""GPU probes (plans/gpu_tuning.py, runtime/probe_runner.py) on the emulated GPU: the decisions of a
+GPU plan, every member checked against the default's output (one that writes nothing is rejected),
+timed in interleaved rounds, recorded in the tune store under the key and build id the planner
+consults, so the next compile takes them. The timings mean nothing here; on a GPU it is
+`plan tune --device cuda` (scripts/device-check does not run it: it is not part of the issue's check)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from codegen_checks import needs_emulator
+from conftest import TINY_BPE
+from llmplan.models.model import open_model
+from llmplan.plans import gpu_tuning
+from llmplan.plans.compile import compile_model, limits_for, lower_phases
+from llmplan.plans.devices import OFFLINE_TARGETS
+from llmplan.plans.planfile import read_body, read_header
+from llmplan.plans.tune_store import TuneStore
+from llmplan.runtime.drivers.emu import EmuDriver
+from llmplan.runtime.probe_runner import ProbeRunner
+
+pytestmark = needs_emulator
+
+
+def test_gpu_probes_fill_the_store_the_planner_reads(tmp_path):
+    model, device = open_model(TINY_BPE), OFFLINE_TARGETS["sm_90"]
+    limits = limits_for(model, 256, 16, 2)  # prefill chunks of 16 rows: the GEMM tiles, quick enough to emulate
+    phases, _, _, table = lower_phases(model, device, limits)
+    found, built = gpu_tuning.decisions(phases, table, device)
+    assert found and all(len(d.candidates) > 1 for d in found)
+    cheap = [d for d in found if d.key.startswith("gemm:")][:2]
+    assert cheap, [d.key for d in found]
+    runner = ProbeRunner(EmuDriver(), device.to_dict(), model.file, table, built, found)
+    store = TuneStore(tmp_path / "tune")
+    for d in cheap:
+        v = runner.verdict(d, round_seconds=0.001)
+        assert v.rejected == {} and set(v.medians) == set(d.candidates) and v.default == next(iter(d.candidates))
+        gpu_tuning.keep(d, v, device, store)
+    idle = dataclasses.replace(cheap[0], candidates={**cheap[0].candidates, "nothing": []})
+    assert "NMSE" in runner.verdict(idle, round_seconds=0.001).rejected["nothing"]
+
+    plan = tmp_path / "p.plan"
+    compile_model(model, device, plan, ctx=256, chunk=16, max_seqs=2, tune=store)
+    header, offset = read_header(plan)
+    launches = [l for p in read_body(plan, offset)["phases"].values() for l in p["launches"]]
+    for d in cheap:
+        taken = [l for l in launches if l.get("decision") == d.key]
+        assert taken and all(l["member"] == d.verdict.winner and l["provenance"] == d.provenance for l in taken), d.key
+        assert d.provenance.startswith(("measured: entry", "tie: entry"))
