@@ -23,7 +23,7 @@ from llmplan.runtime.requests import Request, Result, SamplingParams
 
 from . import llama_cpp
 from .compile import plan_for
-from .console import print_json
+from .console import add_threads, print_json
 from .devices import OFFLINE_TARGETS, local_cpu
 
 EMU_DEFAULT_TARGET = "sm_90"
@@ -53,6 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", help=f"with a GGUF and --device emu: the GPU target to compile for (default "
                    f"{EMU_DEFAULT_TARGET}; {', '.join(OFFLINE_TARGETS)})")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
+    add_threads(p)
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
     p.add_argument("--dump-logits", metavar="FILE.npz", help="save the logits after the prompt as prompt_last")
     p.add_argument("--bench", action="store_true",
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n < 0:
         raise InputError(f"-n must be >= 0, got {args.n}")
     engine = Engine.load(_plan(args), device=args.device, model_path=args.model, max_seqs=args.max_seqs,
-                         kv_blocks=args.kv_blocks)
+                         kv_blocks=args.kv_blocks, threads=args.threads)
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")

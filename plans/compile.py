@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.codegen import cpu_build
 from llmplan.codegen.build import cache_root
 from llmplan.codegen.targets import target_for
 from llmplan.core.errors import InputError
@@ -19,7 +20,7 @@ from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
 
-from . import cpu_tuning
+from . import cpu_native, cpu_tuning
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
 from .planfile import model_fingerprint, write_plan
@@ -86,15 +87,22 @@ def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
 
 
 def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
-                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None) -> dict[str, Any]:
+                  chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None,
+                  isa: str | None = None) -> dict[str, Any]:
     """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. Measured
-    decisions come from the tune store `tune` (none: the heuristics decide)."""
+    decisions come from the tune store `tune` (none: the heuristics decide). A CPU plan runs the
+    compiled kernels for SIMD path `isa` (default this machine's best) where the C++ compiler is
+    present, else the NumPy twins (plans/cpu_native.py)."""
     limits = limits_for(model, ctx, chunk, max_seqs)
     store = tune or TuneStore(None)
     phases, texts, declines, table = lower_phases(model, device, limits)
     probed = 0
-    if device.backend == "cpu":
+    cpu = None
+    if device.backend == "cpu" and cpu_build.available():
+        cpu = cpu_native.lower_native(phases, table, cpu_native.choose_isa(isa))
+    elif device.backend == "cpu":
         probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
+        cpu = cpu_native.fallback()
     gpu = _gpu_kernels(phases, table, device, store) if device.backend != "cpu" else None
     arena = max(p["arena_bytes"] for p in phases.values())
     layouts = weight_layouts(phases, table)
@@ -115,16 +123,20 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "weights": {name: {"format": fmt, "shape": list(shape), "layouts": layouts.get(name, {})}
                     for name, (fmt, shape) in table.items()},
         "declines": declines,
-        "kernels": gpu.pop("kernels") if gpu else {},
+        "kernels": gpu.pop("kernels") if gpu else cpu.pop("kernels"),
         "tune": {"store": store.describe(), "device_key": device.tune_key, "decisions": tuned_decisions(phases)},
     }
     if gpu is not None:
         body["gpu"] = gpu
+    else:
+        body["cpu"] = cpu["cpu"]
     size = write_plan(out, header, body)
     summary = {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
                "launches": {ph: sum(len(l.get("kernels", [0])) for l in p["launches"]) for ph, p in phases.items()},
                "limits": limits,
                "tune": {"store": store.describe(), "probed": probed, **_tune_counts(body["tune"]["decisions"])}}
+    if cpu is not None:
+        summary["cpu"] = {k: v for k, v in cpu["cpu"].items() if k != "source"}
     if gpu is not None:
         summary |= {"kernels": len(gpu["manifests"]), "build_seconds": gpu["seconds"], "build_cached": gpu["cached"]}
     return summary

@@ -1,7 +1,9 @@
-"""Output helpers shared by the CLI verbs: JSON for scripts, aligned tables for people."""
+"""What the CLI verbs share: JSON for scripts, aligned tables for people, and the flags of every verb
+that runs an engine."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from typing import Any, Iterable, Sequence
@@ -35,3 +37,9 @@ def human_bytes(n: int) -> str:
             return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1024
     raise AssertionError
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """--threads: the cpu driver's thread pool (and the emulated GPU's threads)."""
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="host threads the kernels run on (default: every core this process may use)")

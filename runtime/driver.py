@@ -86,6 +86,7 @@ class Driver(ABC):
     name: str
     graphs: bool = False  # whether record() captures calls for replay
     overlaps: bool = False  # whether launches run asynchronously to the host (a pipelined decode pays off)
+    threads: int | None = None  # host threads the kernels run on (cpu, emu), set before load; None: every core
 
     @abstractmethod
     def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:

@@ -117,7 +117,7 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
     head = "output.weight" if "output.weight" in model.weights else "token_embd.weight"
     every = [(n, t) for n, t in model.weights.items() if len(t.shape) == 2 and (n != "token_embd.weight" or n == head)]
     kernels = {t.type.name: matmul.kernel([t.type.name], False) for _, t in every}
-    lib = cpu_build.CpuLibrary(list(kernels.values()), isa)
+    lib = cpu_build.CpuLibrary.from_kernels(list(kernels.values()), isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)
     raw = {n: np.frombuffer(f.tensor_bytes(n), np.uint8) for n, _ in every}
