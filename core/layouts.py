@@ -59,8 +59,9 @@ LAYOUTS: dict[str, Layout] = {
                      "so a GPU lane's 16-byte load reads one field of consecutive blocks"),
     "f32": Layout("f32", 1, True, lambda fmt, shape: 4 * math.prod(shape),
                   lambda raw, fmt, shape: dequantize(raw, fmt, tuple(shape)),
-                  "dequantized to float32 at load (the NumPy CPU backend: NumPy has no int8 GEMV, and float32 BLAS "
-                  "on exactly dequantized weights gives the integer block dot products' values)"),
+                  "dequantized to float32 at load: the norm vectors the compiled CPU kernels read, and every weight of "
+                  "the NumPy CPU backend (NumPy has no int8 GEMV, and float32 BLAS on exactly dequantized weights "
+                  "gives the integer block dot products' values)"),
 }
 
 
