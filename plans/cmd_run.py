@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.json:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    theirs = _bench(engine, result) if args.bench else None
+    theirs = _bench(engine, result, args.threads) if args.bench else None
     if args.json:
         print_json(_as_json(result) | ({"llama_cpp": theirs} if args.bench else {}))
     return 0
@@ -151,13 +151,13 @@ def _plan(args: argparse.Namespace) -> str:
     return plan_for(args.plan, args.ctx, args.max_seqs or 1, device)
 
 
-def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:
-    """Print our speed, and llama.cpp's on the same prompt and number of tokens when it is importable
-    (returned, else None)."""
+def _bench(engine: Engine, result: Result, threads: int | None) -> dict[str, Any] | None:
+    """Print our speed, and llama.cpp's on the same prompt, number of tokens and threads when it is
+    importable (returned, else None)."""
     t = result.timings
     print(f"llmplan:   prefill {t['prompt_tokens']} tokens at {t['prefill_tok_s']:.1f} tok/s, decode "
           f"{t['generated_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s (load {t['load_s']:.2f} s)", file=sys.stderr)
-    theirs = llama_cpp.rate(engine.model.path, result.prompt_ids, max(2, t["generated_tokens"]))
+    theirs = llama_cpp.rate(engine.model.path, result.prompt_ids, max(2, t["generated_tokens"]), threads)
     if theirs is None:
         print("llama.cpp: not measured (pip install llama-cpp-python to compare)", file=sys.stderr)
         return None

@@ -108,14 +108,14 @@ def test_cli_run(cli, tmp_path, monkeypatch):
     assert code == 0 and "decode 5 tokens at" in err and len(list((tmp_path / "cache" / "plans").iterdir())) == 1
     seen = []
 
-    def rate(model, ids, n):  # llama.cpp is not a dependency: stand in for it
-        seen.append((model, ids, n))
+    def rate(model, ids, n, threads):  # llama.cpp is not a dependency: stand in for it
+        seen.append((model, ids, n, threads))
         return {"version": "x", "threads": 2, "prefill_tok_s": 400.0, "decode_tok_s": 50.0}
 
     monkeypatch.setattr(llama_cpp, "rate", rate)
-    code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench", "--json")
+    code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench", "--json", "--threads", "1")
     d = json.loads(out)
-    assert code == 0 and seen == [(str(TINY_SPM), d["prompt_ids"], 5)]
+    assert code == 0 and seen == [(str(TINY_SPM), d["prompt_ids"], 5, 1)]
     assert d["llama_cpp"]["ratio"]["decode_tok_s"] == round(d["timings"]["decode_tok_s"] / 50.0, 3)
     assert "llmplan / llama.cpp: prefill" in err
     code, out, _ = cli("run", TINY_SPM, "-p", "hello", "-n", "2", "--chat", "--json")
