@@ -9,9 +9,8 @@ import time
 from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 
-from . import cpu_tuning
 from .cmd_compile import add_tune_dir
-from .compile import DEFAULT_CHUNK, limits_for, lower_phases
+from .compile import DEFAULT_CHUNK, choose_cpu_kernels, limits_for, lower_phases
 from .console import format_table, print_json
 from .devices import resolve_device
 from .probes import ROUND_SECONDS
@@ -45,12 +44,13 @@ def run(args: argparse.Namespace) -> int:
     model = open_model(args.model)
     t0 = time.perf_counter()
     phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
-    decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True, round_seconds=args.round_ms / 1000)
+    _, decisions, build_id = choose_cpu_kernels(model, phases, table, device, store, measure_all=True,
+                                         round_seconds=args.round_ms / 1000)
     seconds = time.perf_counter() - t0
     rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
              "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
     if args.json:
-        print_json({"device_key": device.tune_key, "store": store.describe(), "build_id": cpu_tuning.build_id(),
+        print_json({"device_key": device.tune_key, "store": store.describe(), "build_id": build_id,
                     "seconds": round(seconds, 2), "decisions": rows})
         return 0
     print(f"{len(rows)} decisions for {device.tune_key} measured in {seconds:.1f} s (store {store.describe()})")

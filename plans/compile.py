@@ -20,7 +20,7 @@ from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
 
-from . import cpu_native, cpu_tuning
+from . import cpu_native, cpu_native_tuning, cpu_tuning
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
 from .planfile import model_fingerprint, write_plan
@@ -98,11 +98,9 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
     phases, texts, declines, table = lower_phases(model, device, limits)
     probed = 0
     cpu = None
-    if device.backend == "cpu" and cpu_build.available():
-        cpu = cpu_native.lower_native(phases, table, cpu_native.choose_isa(isa))
-    elif device.backend == "cpu":
-        probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
-        cpu = cpu_native.fallback()
+    if device.backend == "cpu":
+        cpu, decisions, _ = choose_cpu_kernels(model, phases, table, device, store, isa)
+        probed = sum(d.probed for d in decisions)
     gpu = _gpu_kernels(phases, table, device, store) if device.backend != "cpu" else None
     arena = max(p["arena_bytes"] for p in phases.values())
     layouts = weight_layouts(phases, table)
@@ -140,6 +138,22 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
     if gpu is not None:
         summary |= {"kernels": len(gpu["manifests"]), "build_seconds": gpu["seconds"], "build_cached": gpu["cached"]}
     return summary
+
+
+def choose_cpu_kernels(model: Model, phases: dict[str, dict[str, Any]], table, device: DeviceFacts, store: TuneStore,
+                isa: str | None = None, measure_all: bool = False, round_seconds: float | None = None):
+    """A CPU plan's kernels and their measured decisions: the compiled kernels for SIMD path `isa` with
+    their task rows (plans/cpu_native_tuning.py; the plan's library is built here, cached, and probed)
+    where the C++ compiler is, else the NumPy twins with their panels (plans/cpu_tuning.py). Returns
+    (the plan's cpu section and kernel table, the decisions, the build id they were measured on)."""
+    if not cpu_build.available():
+        return (cpu_native.fallback(), cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds),
+                cpu_tuning.build_id())
+    isa = cpu_native.choose_isa(isa)
+    cpu = cpu_native.lower_native(phases, table, isa)
+    lib = cpu_build.CpuLibrary(cpu["cpu"]["source"], {n: k["params"] for n, k in cpu["kernels"].items()}, isa)
+    kind = cpu_native_tuning.NativeTasks(lib, model.file, phases)
+    return cpu, cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds, kind), kind.build_id()
 
 
 def tuned_decisions(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
