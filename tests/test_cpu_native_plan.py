@@ -20,6 +20,7 @@ from conftest import TINY_BPE, TINY_SPM, llama_cpp_bound
 from cpu_native import ISAS, needs_compiler
 from kernel_inputs import nmse
 from llmplan.codegen import toolchain
+from llmplan.core.errors import InputError
 from llmplan.core.numerics import pages_for
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
@@ -98,3 +99,14 @@ def test_chunking_never_changes_a_bit(isa, tmp_path_factory):
         assert runs[chunk][0] == runs[CTX][0]
         for a, b in zip(runs[chunk][1], runs[CTX][1]):
             assert np.array_equal(a, b), f"chunks of {chunk} changed the logits"
+
+
+@needs_compiler
+def test_the_library_is_built_once_and_threads_reach_its_pool(tmp_path_factory):
+    engine = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1])
+    again = Engine.load(engine.plan_path, threads=1)
+    assert again.executor.driver.lib.library.cached and again.executor.driver.lib.threads() == 1
+    ids = again.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+    assert _greedy(again, ids, 4)[0] == _greedy(Engine.load(engine.plan_path, threads=2), ids, 4)[0]
+    with pytest.raises(InputError, match="--threads must be at least 1"):
+        Engine.load(engine.plan_path, threads=0)
