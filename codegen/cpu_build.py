@@ -8,8 +8,8 @@ path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2` 
 host has them (host_isas); best_isa() is what a plan for this machine uses.
 
 CpuLibrary(source, params, isa) loads a translation unit: a plan's own (the runtime's cpu driver), or
-one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims) runs a codegen Launch record of a CPU family
-(codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
+one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims)
+runs a codegen Launch record of a CPU family (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
 other argument through bind(ref) -> a C-contiguous NumPy array; CpuLibrary.bind does the binding once,
 for a driver whose buffers stay at fixed addresses. Each launch is one call; the kernel splits its work
 over the library's thread pool (set_threads).
@@ -88,6 +88,9 @@ def render(kernels: list[Kernel]) -> str:
 def build(source: str, isa: str) -> HostLibrary:
     """The shared library of a rendered translation unit for one SIMD path (cached by source, flags and
     compiler: built once per key)."""
+    if not available():
+        raise InputError("the plan's CPU kernels need clang++-19 to build (apt-get install clang-19); or recompile "
+                         "the plan here (plan compile ... --device cpu), where it keeps the NumPy kernels")
     return build_library(source, FLAGS + ISAS[isa], f"cpu-{isa}", toolchain.clang())
 
 
@@ -99,7 +102,7 @@ class CpuLibrary:
         self.isa = isa or best_isa()
         if self.isa not in host_isas():
             raise InputError(f"the CPU kernels were built for SIMD path {self.isa}; this machine runs "
-                             f"{', '.join(host_isas())}")
+                             f"{', '.join(host_isas())}: recompile the plan here (plan compile ... --device cpu)")
         self.library = build(source, self.isa)
         self.lib = self.library.load()
         self._types = {name: list(types) for name, types in params.items()}
