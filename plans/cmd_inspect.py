@@ -121,7 +121,7 @@ def _kernel_source(source: str, name: str) -> str:
     for section in re.split(r"\n(?=// ---- \S+ ----\n)", source):
         if m := re.match(r"// ---- (\S+) ----\n", section):
             files.setdefault(m.group(1), []).append(section[m.end():])
-    called = re.search(r"\{\s*(\w+)", entry.split(")", 1)[1])
+    called = re.search(r"\{\s*(?:\w+::)*(\w+)", entry.split(")", 1)[1])  # a CPU entry calls lp_cpu::family
     defines = re.compile(rf"^[^;\n]*\b(?:void|int|float)\s+{called.group(1) if called else '$^'}\s*\(", re.M)
     own = [f"// ---- {f} ----\n" + "".join(parts) for f, parts in files.items()
            if f != "entry-points" and any(defines.search(p) for p in parts)]

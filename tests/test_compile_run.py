@@ -142,6 +142,8 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     assert held["total"] == sum(v for k, v in held.items() if k != "total") and held["rope_tables"] > 0
     code, out, _ = cli("inspect", plan)
     assert "compiled kernels, SIMD path" in out and "held beyond the mapped file: arena" in out
+    code, out, _ = cli("inspect", plan, "--source", "lp_cpu_embed_q4_k")
+    assert code == 0 and out.startswith("// ---- embed.h ----\n") and "LP_KERNEL void lp_cpu_embed_q4_k(" in out
     code, _, err = cli("compile", TINY_BPE, "--ctx", "999999999", "-o", tmp_path / "y.plan")
     assert code == 2 and "--ctx 999999999 is outside" in err
 
