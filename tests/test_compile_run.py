@@ -135,7 +135,7 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     assert not w["layouts"]["blocks"]["copies"] and "token_embd.weight" in w["layouts"]["blocks"]["tensors"]
     # the norm vectors alone are copied, as float32: one per layer twice, the final norm
     assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] and len(w["layouts"]["f32"]["tensors"]) == 2 * 2 + 1
-    assert s["phases"]["decode"]["kernels"]["matmul/native"] == 9
+    assert s["phases"]["decode"]["kernels"]["matmul/t16"] == 9  # the store off: the default task rows
     assert s["kernels"] == sorted(s["kernels"]) and all(k.startswith("lp_cpu_") for k in s["kernels"])
     held = s["held_beyond_file"]
     assert held["kv_cache"] == s["kv_cache"]["bytes"] and held["arena"] == s["arena_bytes"]
