@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -20,6 +21,9 @@ from ..driver import Call, Region, Scalar
 from .host import HostDriver, raw, typed
 
 PREFIX = "numpy."
+# One thread pool per loaded library, shared by every engine of the process that loads it (a library is
+# loaded once per path): a launch must not meet another launch or a pool resize, so each holds this.
+_POOL = threading.Lock()
 
 
 def view(region: Region) -> Any:
@@ -53,7 +57,8 @@ class CpuDriver(HostDriver):
         t0 = time.perf_counter()
         self.lib = CpuLibrary(cpu["source"], params, cpu["isa"])
         self.build_s = time.perf_counter() - t0
-        self.lib.set_threads(self.threads or len(os.sched_getaffinity(0)))
+        with _POOL:
+            self.lib.set_threads(self.threads or len(os.sched_getaffinity(0)))
 
     def prepare(self, call: Call) -> Callable[[], None]:
         if self.lib is not None and not call.name.startswith(PREFIX):
@@ -74,7 +79,8 @@ class CpuDriver(HostDriver):
         buffers = [a.buffer for a in call.args if isinstance(a, Region)]
 
         def run() -> None:
-            fn(*values)
+            with _POOL:
+                fn(*values)
 
         run.keep = buffers  # the memory the addresses point into lives as long as the call
         return run
