@@ -12,6 +12,7 @@ executor), on the tiny fixture models, once per SIMD path this machine has (the 
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 import pytest
@@ -19,13 +20,14 @@ import pytest
 from conftest import TINY_BPE, TINY_SPM, llama_cpp_bound
 from cpu_native import ISAS, needs_compiler
 from kernel_inputs import nmse
-from llmplan.codegen import toolchain
+from llmplan.codegen import cpu_build, toolchain
 from llmplan.core.errors import InputError
 from llmplan.core.numerics import pages_for
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
 from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
+from llmplan.runtime.requests import Request
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 STEPS = 8
@@ -110,3 +112,29 @@ def test_the_library_is_built_once_and_threads_reach_its_pool(tmp_path_factory):
     assert _greedy(again, ids, 4)[0] == _greedy(Engine.load(engine.plan_path, threads=2), ids, 4)[0]
     with pytest.raises(InputError, match="--threads must be at least 1"):
         Engine.load(engine.plan_path, threads=0)
+
+
+@needs_compiler
+@pytest.mark.skipif(len(ISAS) < 2, reason="this machine runs the scalar path only")
+def test_a_plan_for_a_simd_path_this_machine_lacks_asks_to_be_recompiled(tmp_path_factory, monkeypatch):
+    engine = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1])
+    monkeypatch.setattr(cpu_build, "host_isas", lambda: ("scalar",))
+    with pytest.raises(InputError, match=f"built for SIMD path {ISAS[-1]}; this machine runs scalar: recompile"):
+        Engine.load(engine.plan_path)
+
+
+@needs_compiler
+def test_engines_in_two_threads_share_the_pool_safely(tmp_path_factory):
+    """Two engines on one library (one pool per process), decoding at once from two Python threads, one of
+    them resizing the pool as it loads: each gets the tokens it gets alone."""
+    plan = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1]).plan_path
+    first = Engine.load(plan, threads=2)
+    ids = first.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+    want = first.run([Request(ids, 16)])[0].ids
+    got = {}
+    other = threading.Thread(target=lambda: got.setdefault("other", Engine.load(plan, threads=1).run(
+        [Request(ids, 16)])[0].ids))
+    other.start()
+    got["first"] = first.run([Request(ids, 16)])[0].ids
+    other.join()
+    assert got == {"first": want, "other": want}
