@@ -7,8 +7,9 @@ standing for vendor.h, so block layouts and scale unpacking have one source for 
 path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2` and `avx512` where the
 host has them (host_isas); best_isa() is what a plan for this machine uses.
 
-CpuLibrary.launch(launch, bind, dims) runs a codegen Launch record of a CPU family
-(codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
+CpuLibrary(source, params, isa) loads a translation unit: a plan's own (the runtime's cpu driver), or
+one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims)
+runs a codegen Launch record of a CPU family (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
 other argument through bind(ref) -> a C-contiguous NumPy array; CpuLibrary.bind does the binding once,
 for a driver whose buffers stay at fixed addresses. Each launch is one call; the kernel splits its work
 over the library's thread pool (set_threads).
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+
+from llmplan.core.errors import InputError
 
 from . import toolchain
 from .build import _inline
@@ -82,32 +85,40 @@ def render(kernels: list[Kernel]) -> str:
     return "\n".join(out) + "\n"
 
 
-def params(k: Kernel) -> list[str]:
-    """The C types of an entry point's parameters."""
-    m = re.match(r"LP_KERNEL void (\w+)\((.*?)\)\s*\{", k.entry, re.S)
-    assert m and m.group(1) == k.name, k.entry
-    return [re.sub(r"\s*\w+$", "", p.strip()) for p in m.group(2).split(",") if p.strip()]
-
-
-def build(kernels: list[Kernel], isa: str | None = None) -> HostLibrary:
-    """The shared library of these kernels for one SIMD path (default: this machine's best)."""
-    isa = isa or best_isa()
-    return build_library(render(kernels), FLAGS + ISAS[isa], f"cpu-{isa}", toolchain.clang())
+def build(source: str, isa: str) -> HostLibrary:
+    """The shared library of a rendered translation unit for one SIMD path (cached by source, flags and
+    compiler: built once per key)."""
+    if not available():
+        raise InputError("the plan's CPU kernels need clang++-19 to build (apt-get install clang-19); or recompile "
+                         "the plan here (plan compile ... --device cpu), where it keeps the NumPy kernels")
+    return build_library(source, FLAGS + ISAS[isa], f"cpu-{isa}", toolchain.clang())
 
 
 class CpuLibrary:
-    """The kernels built for one SIMD path, loaded."""
+    """A translation unit built for one SIMD path, loaded: `params` gives each entry point's parameter
+    types (a plan's kernel table)."""
 
-    def __init__(self, kernels: list[Kernel], isa: str | None = None):
+    def __init__(self, source: str, params: dict[str, list[str]], isa: str | None = None):
         self.isa = isa or best_isa()
-        self.kernels = {k.name: k for k in kernels}
-        self.library = build(list(self.kernels.values()), self.isa)
+        if self.isa not in host_isas():
+            raise InputError(f"the CPU kernels were built for SIMD path {self.isa}; this machine runs "
+                             f"{', '.join(host_isas())}: recompile the plan here (plan compile ... --device cpu)")
+        self.library = build(source, self.isa)
         self.lib = self.library.load()
-        self._types = {name: params(k) for name, k in self.kernels.items()}
+        self._types = {name: list(types) for name, types in params.items()}
         for name, types in self._types.items():
             fn = getattr(self.lib, name)
             fn.restype = None
             fn.argtypes = [_SCALARS[t][0] if t in _SCALARS else ctypes.c_void_p for t in types]
+
+    @classmethod
+    def from_kernels(cls, kernels: list[Kernel], isa: str | None = None) -> CpuLibrary:
+        ks = {k.name: k for k in kernels}
+        return cls(render(list(ks.values())), {name: list(k.params) for name, k in ks.items()}, isa)
+
+    def entry(self, name: str) -> tuple[Callable[..., None], list[str]]:
+        """An entry point and its parameter types."""
+        return getattr(self.lib, name), self._types[name]
 
     def set_threads(self, n: int) -> None:
         self.lib.lp_cpu_set_threads(int(n))

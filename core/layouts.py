@@ -51,13 +51,17 @@ LAYOUTS: dict[str, Layout] = {
                     "as in the file: norm weights and rope factors the GPU kernels read as stored"),
     "rows": Layout("rows", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
                    "left quantized in the mapped file: only the rows of the step's tokens are dequantized"),
+    "blocks": Layout("blocks", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
+                     "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
+                     "(integer dot products with the packed activations)"),
     "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _planar,
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
                      "so a GPU lane's 16-byte load reads one field of consecutive blocks"),
     "f32": Layout("f32", 1, True, lambda fmt, shape: 4 * math.prod(shape),
                   lambda raw, fmt, shape: dequantize(raw, fmt, tuple(shape)),
-                  "dequantized to float32 at load (the NumPy CPU backend: NumPy has no int8 GEMV, and float32 BLAS "
-                  "on exactly dequantized weights gives the integer block dot products' values)"),
+                  "dequantized to float32 at load: the norm vectors the compiled CPU kernels read, and every weight of "
+                  "the NumPy CPU backend (NumPy has no int8 GEMV, and float32 BLAS on exactly dequantized weights "
+                  "gives the integer block dot products' values)"),
 }
 
 
@@ -66,5 +70,5 @@ def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
 
 
 def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Weight `raw` (its file bytes) in `layout`: the bytes a kernel reads (plain, rows: `raw` itself)."""
+    """Weight `raw` (its file bytes) in `layout`: the bytes a kernel reads (plain, rows, blocks: `raw` itself)."""
     return LAYOUTS[layout].make(raw, FORMATS[fmt.upper()], tuple(shape))

@@ -6,6 +6,8 @@ import argparse
 import os
 import time
 
+from llmplan.codegen.cpu_build import ISAS
+from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 
 from .compile import DEFAULT_CHUNK, compile_model
@@ -23,6 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ctx", type=int, help="context length the plan holds (default: the model's, at most 4096)")
     p.add_argument("--chunk", type=int, default=DEFAULT_CHUNK, help=f"prefill rows per step (default {DEFAULT_CHUNK})")
     p.add_argument("--max-seqs", type=int, default=1, help="sequences decoded in one batched step (default 1)")
+    p.add_argument("--isa", choices=tuple(ISAS), help="--device cpu: the SIMD path of the compiled kernels "
+                   "(default: the best this machine runs)")
     add_tune_dir(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
@@ -36,9 +40,11 @@ def add_tune_dir(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     out = args.output or os.path.splitext(args.model)[0] + ".plan"
     device = resolve_device(args.device)
+    if args.isa and device.backend != "cpu":
+        raise InputError(f"--isa picks the CPU kernels' SIMD path; {args.device} is a GPU target")
     t0 = time.perf_counter()
     summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
-                            tune=TuneStore.from_flag(args.tune_dir), progress=Progress("plan compile"))
+                            tune=TuneStore.from_flag(args.tune_dir), isa=args.isa, progress=Progress("plan compile"))
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print_json(summary)
@@ -53,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
           f"chunk {lim['chunk']}, batches of up to {lim['max_seqs']}, {lim['kv_blocks']} K/V blocks, "
           f"arena {human_bytes(summary['arena_bytes'])}; launches: {launches}"
           f"{kernels} ({summary['seconds']:.2f} s)")
+    if "cpu" in summary:
+        print(f"kernels: {summary['cpu']['kernels']}: {summary['cpu']['why']}")
     t = summary["tune"]
     probed = f", {t['probed']} probed now" if t["probed"] else ""
     print(f"tuning: {t['decisions']} decisions, {t['measured']} measured, {t['tie']} ties, {t['heuristic']} by "

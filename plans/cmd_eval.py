@@ -26,7 +26,7 @@ from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import Window, kv_blocks_needed, score, windows
 
 from . import eval_base, eval_stats, llama_cpp
-from .console import print_json
+from .console import add_threads, print_json
 from .planfile import read_header
 
 DEFAULT_CTX = 512  # llama-perplexity's
@@ -43,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", help="where the plan runs: cpu, emu (a GPU plan on the emulated GPU), cuda or hip "
                    "(default: the plan's own backend)")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
+    add_threads(p)
     p.add_argument("--save-logits", metavar="BASE.npz", help="save what a later --against needs: per scored token its "
                    "log-probabilities at f16, 2 bytes per vocabulary entry before deflate (about 400 KB a token for "
                    "Gemma 3: top-k with the rest's mass would be smaller but undercounts its KL divergence, 6%% at "
@@ -88,7 +89,7 @@ def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
     if ctx < 4:
         raise InputError(f"--ctx {ctx}: a window needs at least 4 tokens")
     engine = Engine.load(plan, device=args.device, model_path=args.model,
-                         kv_blocks=kv_blocks_needed(limits["chunk"], ctx))
+                         kv_blocks=kv_blocks_needed(limits["chunk"], ctx), threads=args.threads)
     return engine, ctx
 
 

@@ -5,6 +5,7 @@ how each weight is held at load and why, and the tuned decisions with their prov
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections import Counter
@@ -18,10 +19,12 @@ from .console import format_table, human_bytes, plural, print_json
 from .planfile import read_body, read_header
 
 
-def runs_on(device: dict[str, Any]) -> str:
-    """Which runtime driver runs a plan for this device."""
+def runs_on(device: dict[str, Any], body: dict[str, Any]) -> str:
+    """Which runtime driver runs a plan for this device, on which kernels."""
     if device["backend"] == "cpu":
-        return f"the cpu driver on {device['arch']} (NumPy kernels)"
+        cpu = body["cpu"]
+        kernels = f"compiled kernels, SIMD path {cpu['isa']}" if cpu["kernels"] == "native" else "NumPy kernels"
+        return f"the cpu driver on {device['arch']} ({kernels})"
     return (f"the {device['backend']} driver on a {device['arch']} GPU, or the emulated GPU on any CPU "
             "(plan run --device emu)")
 
@@ -29,8 +32,10 @@ def runs_on(device: dict[str, Any]) -> str:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("inspect", help="describe a plan file", description=__doc__)
     p.add_argument("plan", help="plan file")
-    p.add_argument("--kernels", action="store_true", help="the manifest of every compiled kernel (GPU plans)")
-    p.add_argument("--source", metavar="NAME", help="print the source of kernel NAME (GPU plans)")
+    p.add_argument("--kernels", action="store_true", help="the manifest of every compiled kernel (GPU plans; on a "
+                   "CPU plan its compiled kernels' parameters)")
+    p.add_argument("--source", metavar="NAME", help="print the source of kernel NAME (GPU plans, CPU plans on "
+                   "compiled kernels)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(run=run)
 
@@ -45,6 +50,26 @@ def _layouts(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
             d["tensors"].append(name)
             d["bytes"] += info["bytes"]
     return out
+
+
+def held_beyond_file(header: dict[str, Any], body: dict[str, Any], layouts: dict[str, dict[str, Any]],
+                     kv_bytes: int) -> dict[str, int]:
+    """The memory a run holds besides the mapped GGUF, by what it is: arena, K/V cache, rope tables,
+    weight copies (norm vectors as float32, relayouts), step-state slots."""
+    tables = {}
+    for p in body["phases"].values():
+        for launch in p["launches"]:
+            for k in launch["kernels"]:
+                for ref in k["args"]:
+                    if "rope_table" in ref:
+                        t = ref["rope_table"]
+                        positions = t["positions"] if isinstance(t["positions"], int) else p["dims"][t["positions"]]
+                        tables[repr(sorted(t.items()))] = positions * t["dims"] * 4  # [positions, dims / 2, 2] f32
+    state = sum(4 * math.prod(d if isinstance(d, int) else p["dims"][d] for d in s["shape"])
+                for p in body["phases"].values() for s in p["state"].values())
+    out = {"arena": body["arena_bytes"], "kv_cache": kv_bytes, "rope_tables": sum(tables.values()),
+           "weight_copies": sum(d["bytes"] for d in layouts.values() if d["copies"]), "step_state": state}
+    return out | {"total": sum(out.values())}
 
 
 def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
@@ -63,15 +88,17 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
                      for m, why in l.get("pruned", {}).items())
     cfg, lim = body["config"], header["limits"]
     block_bytes = cfg["n_layers"] * 2 * PAGE * cfg["n_kv_heads"] * cfg["head_dim"] * 2  # f16 K and V of every layer
+    cpu = {k: v for k, v in body["cpu"].items() if k != "source"} if "cpu" in body else None
+    native = "gpu" in body or body["cpu"]["kernels"] == "native"
     return {
         "format": header["format"], "llmplan": header["llmplan"], "device": header["device"],
-        "runs_on": runs_on(header["device"]),
+        "runs_on": runs_on(header["device"], body), "cpu": cpu,
         "toolchain": header["toolchain"], "model": header["model"], "limits": header["limits"],
         "arena_bytes": body["arena_bytes"],
         "kv_cache": {"blocks": lim["kv_blocks"], "block_tokens": PAGE, "block_bytes": block_bytes,
                      "bytes": lim["kv_blocks"] * block_bytes,
                      "full_context_sequences": lim["kv_blocks"] // pages_for(lim["ctx"])},
-        "kernels": sorted(body["kernels"]) if "gpu" in body else
+        "kernels": sorted(body["kernels"]) if native else
         sorted({f"{l['family']}/{l['member']}" for p in body["phases"].values() for l in p["launches"]}),
         "cache": body["cache"],
         "phases": phases, "decisions": dict(decisions), "tuning": body.get("tune"), "pruned": dict(pruned),
@@ -79,6 +106,8 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
                     "held_bytes": sum(d["bytes"] for d in layouts.values()),
                     "copied_bytes": sum(d["bytes"] for d in layouts.values() if d["copies"])},
         "declines": {ph: d for ph, d in body["declines"].items()},
+        "held_beyond_file": None if "gpu" in body else
+        held_beyond_file(header, body, layouts, lim["kv_blocks"] * block_bytes),
     }
 
 
@@ -92,7 +121,7 @@ def _kernel_source(source: str, name: str) -> str:
     for section in re.split(r"\n(?=// ---- \S+ ----\n)", source):
         if m := re.match(r"// ---- (\S+) ----\n", section):
             files.setdefault(m.group(1), []).append(section[m.end():])
-    called = re.search(r"\{\s*(\w+)", entry.split(")", 1)[1])
+    called = re.search(r"\{\s*(?:\w+::)*(\w+)", entry.split(")", 1)[1])  # a CPU entry calls lp_cpu::family
     defines = re.compile(rf"^[^;\n]*\b(?:void|int|float)\s+{called.group(1) if called else '$^'}\s*\(", re.M)
     own = [f"// ---- {f} ----\n" + "".join(parts) for f, parts in files.items()
            if f != "entry-points" and any(defines.search(p) for p in parts)]
@@ -111,11 +140,19 @@ def _manifest_table(manifests: dict[str, dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     header, offset = read_header(args.plan)
     body = read_body(args.plan, offset, header)
-    gpu = body.get("gpu")
-    if (args.kernels or args.source) and gpu is None:
-        raise InputError(f"{args.plan} is a CPU plan: its kernels are the NumPy twins (runtime/cpu_kernels.py)")
+    gpu, cpu = body.get("gpu"), body.get("cpu")
+    if (args.kernels or args.source) and gpu is None and cpu["kernels"] != "native":
+        raise InputError(f"{args.plan} is a CPU plan on the NumPy twins (runtime/cpu_kernels.py): {cpu['why']}")
     if args.source:
-        sys.stdout.write(_kernel_source(gpu["source"], args.source))
+        sys.stdout.write(_kernel_source((gpu or cpu)["source"], args.source))
+        return 0
+    if args.kernels and gpu is None:
+        rows = [(name, ", ".join(k["params"])) for name, k in sorted(body["kernels"].items())]
+        if args.json:
+            print_json({"isa": cpu["isa"], "compiler": cpu["compiler"], "kernels": body["kernels"]})
+        else:
+            print(f"{len(rows)} kernels for the CPU, SIMD path {cpu['isa']} ({cpu['compiler']})")
+            print(format_table(["kernel", "parameters"], rows))
         return 0
     if args.kernels:
         if args.json:
@@ -132,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"{args.plan}: plan format {s['format']} (llmplan {s['llmplan']})")
     print(f"  device   {d['name']} [{d['key']}]")
     print(f"  runs on  {s['runs_on']}")
+    if s["cpu"]:
+        print(f"  kernels  {s['cpu']['kernels']}: {s['cpu']['why']}")
     print(f"  model    {m['path']} ({m['arch']} \"{m['name']}\", {m['fingerprint']['file_size']} bytes, "
           f"metadata {m['fingerprint']['metadata_sha256'][:16]}, tensors {m['fingerprint']['tensors_sha256'][:16]})")
     lim = s["limits"]
@@ -163,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
     for how, d in w["layouts"].items():
         print(f"    {how} (version {LAYOUTS[how].version}): {plural(len(d['tensors']), 'tensor')}, {human_bytes(d['bytes'])}: "
               f"{d['why']}")
+    if s["held_beyond_file"]:
+        h = s["held_beyond_file"]
+        print(f"  memory   {human_bytes(h['total'])} held beyond the mapped file: "
+              + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in h.items() if k != "total"))
     n_declines = sum(len(v) for v in s["declines"].values())
     print(f"  declines {n_declines} (plan passes MODEL.gguf shows them)")
     return 0

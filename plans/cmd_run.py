@@ -24,7 +24,7 @@ from llmplan.runtime.trace import Trace, span
 
 from . import llama_cpp
 from .compile import plan_for
-from .console import Progress, print_json
+from .console import Progress, add_threads, print_json
 from .devices import OFFLINE_TARGETS, local_cpu, resolve_device
 
 EMU_DEFAULT_TARGET = "sm_90"
@@ -58,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", help=f"with a GGUF and --device emu: the GPU target to compile for (default "
                    f"{EMU_DEFAULT_TARGET}; {', '.join(OFFLINE_TARGETS)})")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
+    add_threads(p)
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
     p.add_argument("--dump-logits", metavar="FILE.npz", help="save the logits after the prompt as prompt_last")
     p.add_argument("--bench", action="store_true",
@@ -132,7 +133,7 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     with span(trace, "compile", "load"):  # a GGUF's plan, compiled (and probed) once, else found
         plan = _plan(args)
     engine = Engine.load(plan, device=args.device, model_path=args.model, max_seqs=args.max_seqs,
-                         kv_blocks=args.kv_blocks, trace=trace)
+                         kv_blocks=args.kv_blocks, trace=trace, threads=args.threads)
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")
@@ -159,7 +160,7 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     if reason == "context":
         print(f"plan: stopped at the plan's context of {engine.limits['ctx']} tokens, after {len(result.ids)} of "
               f"{request.max_tokens} tokens (a larger --ctx holds more)", file=sys.stderr)
-    theirs = _bench(engine, result) if args.bench else None
+    theirs = _bench(engine, result, args.threads) if args.bench else None
     if args.json:
         print_json(_as_json(result, reason) | ({"llama_cpp": theirs} if args.bench else {}))
     return 0
@@ -183,13 +184,13 @@ def _plan(args: argparse.Namespace) -> str:
     return plan_for(args.plan, args.ctx, args.max_seqs or 1, device, Progress("plan run"))
 
 
-def _bench(engine: Engine, result: Result) -> dict[str, Any] | None:
-    """Print our speed, and llama.cpp's on the same prompt and number of tokens when it is importable
-    (returned, else None)."""
+def _bench(engine: Engine, result: Result, threads: int | None) -> dict[str, Any] | None:
+    """Print our speed, and llama.cpp's on the same prompt, number of tokens and threads when it is
+    importable (returned, else None)."""
     t = result.timings
     print(f"llmplan:   prefill {t['prompt_tokens']} tokens at {t['prefill_tok_s']:.1f} tok/s, decode "
           f"{t['generated_tokens']} tokens at {t['decode_tok_s']:.1f} tok/s (load {t['load_s']:.2f} s)", file=sys.stderr)
-    theirs = llama_cpp.rate(engine.model.path, result.prompt_ids, max(2, t["generated_tokens"]))
+    theirs = llama_cpp.rate(engine.model.path, result.prompt_ids, max(2, t["generated_tokens"]), threads)
     if theirs is None:
         print("llama.cpp: not measured (pip install llama-cpp-python to compare)", file=sys.stderr)
         return None

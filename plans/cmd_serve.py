@@ -10,6 +10,8 @@ import os
 from llmplan.core.errors import InputError
 from llmplan.models.gguf import is_gguf
 
+from .console import add_threads
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a plan (or a GGUF) over an OpenAI-compatible HTTP API",
@@ -23,6 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-blocks", type=int, help="K/V cache blocks of 16 positions (default: the plan's)")
     p.add_argument("--ctx", type=int, help="with a GGUF: the context to compile for")
     p.add_argument("--model", help="the GGUF the plan was compiled from, if it has moved")
+    add_threads(p)
     p.add_argument("--name", help="the model's name in the API (default: the GGUF's file name)")
     p.add_argument("--api-key", default=os.environ.get("LLMPLAN_API_KEY"),
                    help="require Authorization: Bearer KEY (default: $LLMPLAN_API_KEY; none: open)")
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             max_seqs = max_seqs or 8
             plan = plan_for(plan, args.ctx, max_seqs)
         return Engine.load(plan, device=args.device, model_path=args.model, max_seqs=max_seqs,
-                           kv_blocks=args.kv_blocks)
+                           kv_blocks=args.kv_blocks, threads=args.threads)
 
     serve(load, host=args.host, port=args.port, name=args.name, api_key=args.api_key or None, queue=args.queue,
           max_body=args.max_body, grace=args.grace, log_level=args.log_level)

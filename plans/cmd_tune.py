@@ -14,9 +14,9 @@ from llmplan.models.model import open_model
 from llmplan.runtime.driver import driver_for
 from llmplan.runtime.probe_runner import ProbeRunner
 
-from . import cpu_tuning, gpu_tuning
+from . import gpu_tuning
 from .cmd_compile import add_tune_dir
-from .compile import DEFAULT_CHUNK, drop_cached_plans, limits_for, lower_phases
+from .compile import DEFAULT_CHUNK, choose_cpu_kernels, drop_cached_plans, limits_for, lower_phases
 from .console import Progress, format_table, print_json
 from .devices import resolve_device
 from .probes import ROUND_SECONDS
@@ -53,11 +53,10 @@ def run(args: argparse.Namespace) -> int:
         phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
     with progress.phase("probe every decision"):
         if device.backend == "cpu":
-            decisions = cpu_tuning.tune(phases, table, device, store, measure_all=True,
-                                        round_seconds=args.round_ms / 1000)
+            _, decisions, build = choose_cpu_kernels(model, phases, table, device, store, measure_all=True,
+                                                     round_seconds=args.round_ms / 1000)
             rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
                      "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
-            build = cpu_tuning.build_id()
         else:
             rows, build = _tune_gpu(model, phases, table, device, store, args.round_ms / 1000), "per decision"
     seconds = time.perf_counter() - t0

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.codegen import cpu_build
 from llmplan.codegen.build import cache_root
 from llmplan.codegen.targets import target_for
 from llmplan.core.errors import InputError
@@ -22,7 +23,7 @@ from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
 
-from . import cpu_tuning
+from . import cpu_native, cpu_native_tuning, cpu_tuning
 from .console import Progress, plural
 from .devices import DeviceFacts, local_cpu
 from .lower import layout, lower
@@ -91,19 +92,23 @@ def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
 
 def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
                   chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None,
-                  progress: Progress | None = None) -> dict[str, Any]:
+                  isa: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. Measured
-    decisions come from the tune store `tune` (none: the heuristics decide). `progress` shows the phases."""
+    decisions come from the tune store `tune` (none: the heuristics decide). A CPU plan runs the
+    compiled kernels for SIMD path `isa` (default this machine's best) where the C++ compiler is
+    present, else the NumPy twins (plans/cpu_native.py). `progress` shows the phases."""
     limits = limits_for(model, ctx, chunk, max_seqs)
     store = tune or TuneStore(None)
     phase = progress.phase if progress else lambda what: contextlib.nullcontext()
     with phase(f"trace, fuse and lower {plural(len(PHASES), 'phase')}"):
         phases, texts, declines, table = lower_phases(model, device, limits)
     probed = 0
+    cpu = None
     if device.backend == "cpu":
         with phase("choose kernels (probing the decisions the tune store lacks)" if store.probes else
                    "choose kernels"):
-            probed = sum(d.probed for d in cpu_tuning.tune(phases, table, device, store))
+            cpu, decisions, _ = choose_cpu_kernels(model, phases, table, device, store, isa)
+            probed = sum(d.probed for d in decisions)
     gpu = None
     if device.backend != "cpu":
         with phase(f"choose and build kernels for {device.arch}"):
@@ -127,20 +132,40 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "weights": {name: {"format": fmt, "shape": list(shape), "layouts": layouts.get(name, {})}
                     for name, (fmt, shape) in table.items()},
         "declines": declines,
-        "kernels": gpu.pop("kernels") if gpu else {},
+        "kernels": gpu.pop("kernels") if gpu else cpu.pop("kernels"),
         "tune": {"store": store.describe(), "device_key": device.tune_key, "decisions": tuned_decisions(phases)},
     }
     if gpu is not None:
         body["gpu"] = gpu
+    else:
+        body["cpu"] = cpu["cpu"]
     with phase(f"write {os.fspath(out)}"):
         size = write_plan(out, header, body)
     summary = {"path": os.fspath(out), "bytes": size, "device": device.key, "arena_bytes": arena,
                "launches": {ph: sum(len(l.get("kernels", [0])) for l in p["launches"]) for ph, p in phases.items()},
                "limits": limits,
                "tune": {"store": store.describe(), "probed": probed, **_tune_counts(body["tune"]["decisions"])}}
+    if cpu is not None:
+        summary["cpu"] = {k: v for k, v in cpu["cpu"].items() if k != "source"}
     if gpu is not None:
         summary |= {"kernels": len(gpu["manifests"]), "build_seconds": gpu["seconds"], "build_cached": gpu["cached"]}
     return summary
+
+
+def choose_cpu_kernels(model: Model, phases: dict[str, dict[str, Any]], table, device: DeviceFacts, store: TuneStore,
+                isa: str | None = None, measure_all: bool = False, round_seconds: float | None = None):
+    """A CPU plan's kernels and their measured decisions: the compiled kernels for SIMD path `isa` with
+    their task rows (plans/cpu_native_tuning.py; the plan's library is built here, cached, and probed)
+    where the C++ compiler is, else the NumPy twins with their panels (plans/cpu_tuning.py). Returns
+    (the plan's cpu section and kernel table, the decisions, the build id they were measured on)."""
+    if not cpu_build.available():
+        return (cpu_native.fallback(), cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds),
+                cpu_tuning.build_id())
+    isa = cpu_native.choose_isa(isa)
+    cpu = cpu_native.lower_native(phases, table, isa)
+    lib = cpu_build.CpuLibrary(cpu["cpu"]["source"], {n: k["params"] for n, k in cpu["kernels"].items()}, isa)
+    kind = cpu_native_tuning.NativeTasks(lib, model.file, phases)
+    return cpu, cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds, kind), kind.build_id()
 
 
 def tuned_decisions(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -201,7 +226,7 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         t0 = time.perf_counter()
         s = compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, TuneStore.from_flag(None, probe=False),
-                          progress)
+                          progress=progress)
         if progress:
             progress.note(f"compiled {gguf} for {device.key} in {time.perf_counter() - t0:.1f} s, cached as {cached}")
             if s["tune"]["heuristic"] and device.backend == "cpu":

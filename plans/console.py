@@ -1,7 +1,9 @@
-"""Output helpers shared by the CLI verbs: JSON for scripts, aligned tables for people."""
+"""What the CLI verbs share: JSON for scripts, aligned tables for people, and the flags of every verb
+that runs an engine."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import sys
@@ -67,3 +69,9 @@ class Progress:
             if self.tty:  # a probe's progress bar may have drawn over the line: draw it whole
                 self.stream.write(f"\r\x1b[K{self.prefix}: {what} ({time.perf_counter() - t0:.1f} s)\n")
                 self.stream.flush()
+
+
+def add_threads(p: argparse.ArgumentParser) -> None:
+    """--threads: the cpu driver's thread pool (and the emulated GPU's threads)."""
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="host threads the kernels run on (default: every core this process may use)")

@@ -1,4 +1,8 @@
-"""The CPU backend's measured decision: the panel size of each projection.
+"""The CPU backend's measured decisions, and the NumPy twins' own: the panel size of each projection.
+
+tune() is the decision loop for both CPU kernel sets: the store's entries, probes for what is missing,
+the provenance in each launch. What it decides is a `kind`: Panels here (the NumPy twins, the plans
+compiled where no C++ compiler is), the compiled kernels' task rows in plans/cpu_native_tuning.py.
 
 Every projection (matmul, matmul_segmented, matmul_residual, and the fused tail's output head) computes
 each activation row as its own BLAS sgemv over panels of weight rows (core/numerics.matmul), so its
@@ -144,10 +148,10 @@ def probe(p: Projection, cands: list[Strategy], round_seconds: float) -> Verdict
 @dataclass
 class Decision:
     key: str
-    projection: Projection
+    projection: Any  # what the best strategy depends on (a Projection; the compiled kernels' own)
     launches: list[dict[str, Any]] = field(default_factory=list)
     phases: dict[str, int] = field(default_factory=dict)  # launches per phase
-    strategy: Strategy = DEFAULT
+    strategy: Any = DEFAULT  # a Strategy (or the compiled kernels' TaskRows)
     provenance: str = ""
     entry: str | None = None  # the store entry it was taken from
     probed: bool = False
@@ -155,30 +159,59 @@ class Decision:
     entry_data: dict[str, Any] | None = None
 
 
+class Panels:
+    """The NumPy twins' decision (this module's): the panel of each projection."""
+
+    default = DEFAULT
+    single = "one row: a single sgemv over all of w, nothing to decide"
+
+    @staticmethod
+    def projection(launch, buffers, dims, weights) -> Projection | None:
+        return projection(launch, buffers, dims, weights)
+
+    @staticmethod
+    def candidates(p: Projection) -> list[Strategy]:
+        return candidates(p)
+
+    @staticmethod
+    def build_id() -> str:
+        return build_id()
+
+    @staticmethod
+    def probe(d: Decision, cands: list[Strategy], round_seconds: float) -> Verdict:
+        return probe(d.projection, cands, round_seconds)
+
+    @staticmethod
+    def apply(launch: dict[str, Any], s: Strategy) -> None:
+        launch["member"], launch["attrs"]["strategy"] = s.name, s.attrs()
+
+
 def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], device: DeviceFacts,
-         store: TuneStore, measure_all: bool = False, round_seconds: float | None = None) -> list[Decision]:
-    """Decide the panel of every projection of a CPU plan and write it into the launches; returns the
-    decisions (projections with more than one candidate). An entry in the store decides; a decision
-    without a usable entry is probed and recorded (with `measure_all`, every one is: `plan tune`);
-    with the store off and not `measure_all`, the heuristic decides. Each probe times every candidate
-    for `round_seconds` a round (probes.ROUND_SECONDS by default)."""
+         store: TuneStore, measure_all: bool = False, round_seconds: float | None = None,
+         kind: Any = Panels) -> list[Decision]:
+    """Decide every projection of a CPU plan and write it into the launches; returns the decisions
+    (projections with more than one candidate). `kind` is what is decided: the NumPy twins' panels
+    (Panels), or the compiled kernels' task rows (plans/cpu_native_tuning.py). An entry in the store
+    decides; a decision without a usable entry is probed and recorded (with `measure_all`, every one
+    is: `plan tune`); with the store off and not `measure_all`, the heuristic decides. Each probe times
+    every candidate for `round_seconds` a round (probes.ROUND_SECONDS by default)."""
     decisions: dict[str, Decision] = {}
     for phase, p in phases.items():
         for launch in p["launches"]:
-            proj = projection(launch, p["buffers"], p["dims"], weights)
+            proj = kind.projection(launch, p["buffers"], p["dims"], weights)
             if proj is None:
                 continue
-            launch["member"], launch["attrs"]["strategy"] = DEFAULT.name, DEFAULT.attrs()
-            if len(candidates(proj)) == 1:
-                launch["provenance"] = "one row: a single sgemv over all of w, nothing to decide"
+            kind.apply(launch, kind.default)
+            if len(kind.candidates(proj)) == 1:
+                launch["provenance"] = kind.single
                 continue
-            d = decisions.setdefault(proj.key, Decision(proj.key, proj))
+            d = decisions.setdefault(proj.key, Decision(proj.key, proj, strategy=kind.default))
             d.launches.append(launch)
             d.phases[phase] = d.phases.get(phase, 0) + 1
-    bid = build_id()
+    bid = kind.build_id()
     todo = []
     for d in decisions.values():
-        cands = candidates(d.projection)
+        cands = kind.candidates(d.projection)
         look = store.load(device.tune_key, d.key, bid)
         if look.entry is not None and not measure_all and look.entry["winner"] in {s.name for s in cands}:
             _take(d, look.id, look.entry, cands)
@@ -188,14 +221,14 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
         else:
             d.provenance = f"heuristic: no entry ({'not probed' if store.enabled else 'tune store off'})"
     for d, cands in tqdm(todo, desc="probing", unit="decision", disable=None, file=sys.stderr):
-        v = probe(d.projection, cands, round_seconds or probes.ROUND_SECONDS)
+        v = kind.probe(d, cands, round_seconds or probes.ROUND_SECONDS)
         entry = record(v, device.tune_key, d.key, bid)
         eid = store.save(entry) if store.enabled else TuneStore.entry_id(device.tune_key, d.key, bid)
         _take(d, eid, entry, cands)
         d.probed = True
     for d in decisions.values():
         for launch in d.launches:
-            launch["member"], launch["attrs"]["strategy"] = d.strategy.name, d.strategy.attrs()
+            kind.apply(launch, d.strategy)
             launch["provenance"], launch["decision"] = d.provenance, d.key
     return list(decisions.values())
 

@@ -15,12 +15,13 @@ def available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def load(model: str, n_ctx: int, **settings: Any):
-    """A llama_cpp.Llama on this machine's cores with the fixtures' settings (f16 K/V, batch 512, flash
-    attention off), `settings` overriding them."""
+def load(model: str, n_ctx: int, threads: int | None = None, **settings: Any):
+    """A llama_cpp.Llama on `threads` threads (default this machine's cores) with the fixtures' settings
+    (f16 K/V, batch 512, flash attention off), `settings` overriding them."""
     import llama_cpp
 
-    opts = {"n_ctx": n_ctx, "n_batch": 512, "n_threads": _threads(), "n_threads_batch": _threads(), "flash_attn": False}
+    threads = threads or _threads()
+    opts = {"n_ctx": n_ctx, "n_batch": 512, "n_threads": threads, "n_threads_batch": threads, "flash_attn": False}
     return llama_cpp.Llama(model, verbose=False, **(opts | settings))
 
 
@@ -61,14 +62,15 @@ def greedy(llm, ids: list[int], n: int) -> tuple[np.ndarray, list[int]]:
     return row, out
 
 
-def rate(model: str, ids: list[int], n_decode: int) -> dict[str, Any] | None:
+def rate(model: str, ids: list[int], n_decode: int, threads: int | None = None) -> dict[str, Any] | None:
     """llama.cpp's prefill and decode tokens/s on `ids` and n_decode greedy tokens, after a warm-up
-    evaluation; None without llama-cpp-python."""
+    evaluation, on `threads` threads (default this machine's cores); None without llama-cpp-python."""
     if not available():
         return None
     import llama_cpp
 
-    llm = load(model, max(512, len(ids) + n_decode + 1))
+    threads = threads or _threads()
+    llm = load(model, max(512, len(ids) + n_decode + 1), threads)
     llm.eval(ids[:8])
     llm.reset()
     t0 = time.perf_counter()
@@ -80,6 +82,6 @@ def rate(model: str, ids: list[int], n_decode: int) -> dict[str, Any] | None:
         llm.eval([token])
         token = int(np.argmax(last_logits(llm)))
     decode = time.perf_counter() - t0
-    return {"version": llama_cpp.__version__, "threads": _threads(),
+    return {"version": llama_cpp.__version__, "threads": threads,
             "prefill_tok_s": round(len(ids) / prefill, 1),
             "decode_tok_s": round((n_decode - 1) / decode, 1) if n_decode > 1 else None}

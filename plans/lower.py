@@ -11,8 +11,9 @@ chunk the whole tail.
 The phase describes its step state (each input's dtype and shape), and in the decode phases the fused
 tail writes its greedy tokens into the `tokens` input itself ("fed_by"): the next step's embedding
 reads them where they are, so the host can queue step n+1 before it has read token n. Every launch
-carries the kernel calls a backend makes for it ("kernels"); on the CPU backend that is one call of the
-family's NumPy twin, on GPU targets the codegen stage fills them in (plans/select.py).
+carries the kernel calls a backend makes for it ("kernels"): here one call of the family's NumPy twin on
+the CPU backend, which plans/cpu_native.py replaces with the compiled CPU kernels where the compiler is;
+on GPU targets the codegen stage fills them in (plans/select.py).
 """
 
 from __future__ import annotations

@@ -8,6 +8,10 @@ Argument references (plans/lower.py, codegen/kernel.py): {"buf": i} an arena buf
 tensor in a device layout (core/layouts.py), {"scratch": name, "dtype", "shape", "offset", "bytes"} a
 kernel's private arena range, {"rope_table": {base, scale, dims, factors, positions}} a table the
 runtime builds, {"i32": int or symbol} / {"f32": number} scalars.
+
+A GPU plan has a `gpu` section (its translation unit, binary, manifests); a CPU plan a `cpu` section:
+{"kernels": "native", "isa", "compiler", "source", "why"} when its calls are the CPU target's compiled
+kernels (in the kernel table), {"kernels": "numpy", "why"} when they are the NumPy twins.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from llmplan.core.op_traits import FAMILIES, TRAITS
 PHASES = ("prefill", "decode", "decode-batch")
 NUMPY_PREFIX = "numpy."  # kernel calls of the NumPy CPU backend: numpy.<family>
 C_SCALARS = {"int": "i32", "unsigned": "i32", "float": "f32"}
+CPU_KERNELS = ("native", "numpy")  # a CPU plan's calls: the compiled kernels, or the NumPy twins
 DTYPES = set(SCALAR_BYTES) | {f.lower() for f in ACTIVATION_FORMATS}
 
 
@@ -85,10 +90,21 @@ class _Checker:
             self._weight(name, w)
         for name, k in self.kernels.items():
             self._kernel_entry(name, k)
+        self.numpy = False
         if "gpu" in b:
             gpu = _get(b, "gpu", dict, "body")
             for key, kind in (("target", str), ("source", str), ("binary", bytes), ("manifests", dict)):
                 _get(gpu, key, kind, "gpu")
+        else:
+            cpu = _get(b, "cpu", dict, "body")
+            _get(cpu, "why", str, "cpu")
+            kind = _get(cpu, "kernels", str, "cpu")
+            if kind not in CPU_KERNELS:
+                _fail("cpu.kernels", f"{kind!r} is not one of {', '.join(CPU_KERNELS)}")
+            self.numpy = kind == "numpy"
+            if not self.numpy:
+                for key in ("isa", "compiler", "source"):
+                    _get(cpu, key, str, "cpu")
         phases = _get(b, "phases", dict, "body")
         for phase in PHASES:
             self._phase(phase, _get(phases, phase, dict, "phases"))
@@ -192,6 +208,9 @@ class _Checker:
                 _fail(f"{where}.grid[{i}]", f"a grid dimension is a size or [symbol, per], got {g!r}")
         _int(k, "block", where, 1)
         _int(k, "smem", where)
+        if name.startswith(NUMPY_PREFIX) != self.numpy:
+            _fail(f"{where}.name", f"{name} in a plan whose cpu.kernels is "
+                                   f"{'numpy' if self.numpy else 'not numpy'}")
         if name.startswith(NUMPY_PREFIX):
             if name != NUMPY_PREFIX + family:
                 _fail(f"{where}.name", f"{name} is not the launch family's NumPy twin ({NUMPY_PREFIX}{family})")

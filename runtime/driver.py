@@ -87,6 +87,7 @@ class Driver(ABC):
     graphs: bool = False  # whether record() captures calls for replay
     overlaps: bool = False  # whether launches run asynchronously to the host (a pipelined decode pays off)
     host_memory: bool = False  # whether put() may use the host array in place (the caller keeps it alive)
+    threads: int | None = None  # host threads the kernels run on (cpu, emu), set before load; None: every core
 
     @abstractmethod
     def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:

@@ -97,14 +97,16 @@ class Engine:
     @classmethod
     def load(cls, plan: str | os.PathLike, device: str | None = None, model_path: str | None = None,
              max_seqs: int | None = None, kv_blocks: int | None = None, pipelined: bool | None = None,
-             replay: bool = True, poison: bool = False, trace: Trace | None = None) -> Engine:
+             replay: bool = True, poison: bool = False, trace: Trace | None = None,
+             threads: int | None = None) -> Engine:
         """An engine for a plan file on `device` (default: the plan's own backend; "emu" runs a GPU
         plan's kernels on the host). `max_seqs` (at most the plan's) bounds the sequences of a batched
         step; `kv_blocks` sizes the K/V pool (default: the plan's, enough for max_seqs sequences of the
         full context). `pipelined` (default: where the driver overlaps the host) queues greedy decode
         steps ahead; `replay` records decode buckets for replay where the driver has graphs; `poison`
         checks that every kernel writes all it should (slow: tests); `trace` records the load and every
-        step (runtime/trace.py)."""
+        step (runtime/trace.py). `threads` is how many host threads the kernels run on (the cpu driver's
+        pool, the emulated GPU's; default every core)."""
         t0 = time.perf_counter()
         plan = os.fspath(plan)
         if is_gguf(plan):
@@ -140,6 +142,9 @@ class Engine:
             dev = header["device"]
             raise InputError(f"{plan}: compiled for {dev['arch']} ({dev['key']}): {e}; run it on the emulated GPU "
                              f"(--device emu), or {recompile_hint(header, 'cpu')}") from None
+        if threads is not None and threads < 1:
+            raise InputError(f"--threads must be at least 1, got {threads}")
+        driver.threads = threads
         executor = Executor(header, body, driver, model, kv_blocks, poison=poison, replay=replay, trace=trace)
         pipelined = driver.overlaps if pipelined is None else pipelined
         engine = cls(plan, header, body, model, executor, time.perf_counter() - t0, max_seqs, kv_blocks, pipelined)

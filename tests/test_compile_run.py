@@ -1,5 +1,10 @@
-"""Compile then run on the CPU backend: the same numbers as the reference interpreter, llama.cpp's
-within the noise floor of 8-bit packing (see test_reference_llamacpp.py), reproducible runs."""
+"""Compile then run on the CPU backend (the compiled kernels where the compiler is present, else the NumPy
+twins): the reference interpreter's numbers within llama.cpp's own spread (the kernels' integer dot
+products and float sums round differently from the interpreter's float32 matmuls over exactly
+dequantized weights: measured NMSE up to 3e-4 on the tiny models, on the scalar path; about 1e-11 on
+AVX-512, whose sums happen to run in the interpreter's order), llama.cpp's within the noise floor of
+8-bit packing (see test_reference_llamacpp.py), reproducible runs; the NumPy fallback where no compiler
+is."""
 
 import functools
 import json
@@ -10,11 +15,12 @@ import numpy as np
 import pytest
 
 from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
+from llmplan.codegen import cpu_build, toolchain
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
 from llmplan.models.model import open_model
 from llmplan.passes.manager import compile_graph
-from llmplan.plans import llama_cpp
+from llmplan.plans import cpu_native, llama_cpp
 from llmplan.plans.compile import compile_model
 from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
@@ -53,11 +59,13 @@ def test_compile_then_run_matches_interpreter_and_llama_cpp(request, tmp_path_fa
     rows = np.load(REFERENCE / f"ref_{name}.npz")
     for k, case in enumerate(json.loads((REFERENCE / f"ref_{name}.json").read_text())["generate"]):
         gen = _one(engine, case["prompt_ids"], len(case["greedy_ids"]), keep_prompt_logits=True)
-        if k == 0:  # the interpreter, one chunk at a time as the plan does, gives the same bits
+        if k == 0:  # the interpreter, one chunk at a time as the plan does
             want = None
             for s in range(0, len(case["prompt_ids"]), 4):
                 want = interp.prefill(case["prompt_ids"][s:s + 4])
-            assert np.array_equal(gen.prompt_logits, want)
+            assert nmse(gen.prompt_logits, want) < bound
+            top2 = np.sort(want)[-2:]
+            assert np.argmax(gen.prompt_logits) == np.argmax(want) or top2[1] - top2[0] < MARGIN
         assert nmse(gen.prompt_logits, rows[f"p{k}_last_prompt"]) < bound
         sure = next((i for i, mg in enumerate(case["top1_margin"]) if mg < MARGIN), len(case["greedy_ids"]))
         assert gen.ids[:sure] == case["greedy_ids"][:sure]
@@ -100,14 +108,14 @@ def test_cli_run(cli, tmp_path, monkeypatch):
     assert code == 0 and "decode 5 tokens at" in err and len(list((tmp_path / "cache" / "plans").iterdir())) == 1
     seen = []
 
-    def rate(model, ids, n):  # llama.cpp is not a dependency: stand in for it
-        seen.append((model, ids, n))
+    def rate(model, ids, n, threads):  # llama.cpp is not a dependency: stand in for it
+        seen.append((model, ids, n, threads))
         return {"version": "x", "threads": 2, "prefill_tok_s": 400.0, "decode_tok_s": 50.0}
 
     monkeypatch.setattr(llama_cpp, "rate", rate)
-    code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench", "--json")
+    code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench", "--json", "--threads", "1")
     d = json.loads(out)
-    assert code == 0 and seen == [(str(TINY_SPM), d["prompt_ids"], 5)]
+    assert code == 0 and seen == [(str(TINY_SPM), d["prompt_ids"], 5, 1)]
     assert d["llama_cpp"]["ratio"]["decode_tok_s"] == round(d["timings"]["decode_tok_s"] / 50.0, 3)
     assert "llmplan / llama.cpp: prefill" in err
     code, out, _ = cli("run", TINY_SPM, "-p", "hello", "-n", "2", "--chat", "--json")
@@ -119,17 +127,46 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     code, out, _ = cli("compile", TINY_BPE, "-o", plan, "--ctx", "512", "--json")
     d = json.loads(out)
     assert code == 0 and d["limits"] == {"ctx": 512, "chunk": 256, "max_seqs": 1, "kv_blocks": 32}
+    assert d["cpu"]["kernels"] == "native" and d["cpu"]["isa"] == cpu_build.best_isa()
     code, out, _ = cli("inspect", plan, "--json")
     s = json.loads(out)
     w = s["weights"]
-    assert s["phases"]["decode"]["launches"] == 24 and set(w["layouts"]) == {"f32", "rows"}
-    assert w["layouts"]["rows"]["tensors"] == ["token_embd.weight"] and not w["layouts"]["rows"]["copies"]
-    assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] > 0
-    assert s["phases"]["decode"]["kernels"]["matmul/p4m"] == 9  # one row: one sgemv, the default panel
+    assert s["phases"]["decode"]["launches"] == 24 and set(w["layouts"]) == {"blocks", "f32"}
+    assert not w["layouts"]["blocks"]["copies"] and "token_embd.weight" in w["layouts"]["blocks"]["tensors"]
+    # the norm vectors alone are copied, as float32: one per layer twice, the final norm
+    assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] and len(w["layouts"]["f32"]["tensors"]) == 2 * 2 + 1
+    assert s["phases"]["decode"]["kernels"]["matmul/t16"] == 9  # the store off: the default task rows
+    assert s["kernels"] == sorted(s["kernels"]) and all(k.startswith("lp_cpu_") for k in s["kernels"])
+    held = s["held_beyond_file"]
+    assert held["kv_cache"] == s["kv_cache"]["bytes"] and held["arena"] == s["arena_bytes"]
+    assert held["total"] == sum(v for k, v in held.items() if k != "total") and held["rope_tables"] > 0
     code, out, _ = cli("inspect", plan)
-    assert code == 0 and ": 1 sequence of the full context" in out and "rows (version 1): 1 tensor, " in out
+    assert code == 0 and ": 1 sequence of the full context" in out and "blocks (version 1): " in out
+    assert "compiled kernels, SIMD path" in out and "held beyond the mapped file: arena" in out
+    code, out, _ = cli("inspect", plan, "--source", "lp_cpu_embed_q4_k")
+    assert code == 0 and out.startswith("// ---- embed.h ----\n") and "LP_KERNEL void lp_cpu_embed_q4_k(" in out
     code, _, err = cli("compile", TINY_BPE, "--ctx", "999999999", "-o", tmp_path / "y.plan")
     assert code == 2 and "--ctx 999999999 is outside" in err
+
+
+def test_without_a_compiler_the_plan_keeps_the_numpy_twins_and_says_why(cli, tmp_path, monkeypatch):
+    monkeypatch.setattr(toolchain, "find", lambda tool, extra_dirs=(): None)
+    plan = tmp_path / "numpy.plan"
+    code, out, _ = cli("compile", TINY_BPE, "-o", plan, "--ctx", "128", "--chunk", "16", "--json")
+    assert code == 0 and json.loads(out)["cpu"] == {"kernels": "numpy", "why": cpu_native.NO_COMPILER}
+    code, out, _ = cli("inspect", plan, "--json")
+    s = json.loads(out)
+    w = s["weights"]
+    assert s["cpu"]["kernels"] == "numpy" and "NumPy kernels" in s["runs_on"] and set(w["layouts"]) == {"f32", "rows"}
+    assert w["layouts"]["rows"]["tensors"] == ["token_embd.weight"] and not w["layouts"]["rows"]["copies"]
+    assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] == s["held_beyond_file"]["weight_copies"] > 0
+    assert s["phases"]["decode"]["kernels"]["matmul/p4m"] == 9  # one row: one sgemv, the default panel
+    code, out, _ = cli("inspect", plan)
+    assert f"kernels  numpy: {cpu_native.NO_COMPILER}" in out
+    code, _, err = cli("inspect", plan, "--kernels")
+    assert code == 2 and "NumPy twins" in err
+    engine = Engine.load(plan)
+    assert engine.executor.driver.lib is None and len(_one(engine, [1, 466, 274], 4).ids) == 4
 
 
 def test_runtime_imports_nothing_from_ir_or_passes():

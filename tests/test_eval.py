@@ -126,15 +126,19 @@ def test_packing_changes_no_row(plan):
 
 
 def test_perplexity_is_the_interpreters(plan, saved):
-    """plan eval's perplexity against a direct computation: each window through the reference
-    interpreter (all of it at once), float64 log-softmax of the second half's rows."""
+    """plan eval's perplexity and its standard error are those of the negative log-likelihoods it saved
+    (llama-perplexity's formulas), and those agree with a direct computation, each window through the
+    reference interpreter (all of it at once, float64 log-softmax of the second half's rows), within
+    llama.cpp's own spread: the mean KL divergence under conftest.llama_cpp_kl_bound (measured 5.2e-3 on
+    the compiled kernels, whose integer dot products round otherwise than the interpreter's float32
+    matmuls; llama.cpp's flash-attention run is at 7.9e-3 from its own default; 0 on the NumPy twins)."""
     m = open_model(TINY_SPM)
     table = m.weight_table()
     interp = Interpreter(compile_graph(trace_model(m.definition, m.config, table, "prefill")),
                          functools.lru_cache(None)(m.dequantize))
     tok = _engine(plan()).tokenizer
     ids = _ids(_engine(plan()))
-    nll = []
+    want = []
     for start in range(0, len(ids) // CTX * CTX, CTX):
         w = [tok.bos] + ids[start + 1:start + CTX]
         cache = np.zeros((m.config.n_layers, 2, pages_for(64), 16, m.config.kv_dim), np.float16)
@@ -143,14 +147,18 @@ def test_perplexity_is_the_interpreters(plan, saved):
                           "seq": np.zeros(CTX, np.int32),  # one page table row per `last` row, as the plan binds them
                           "pages": np.repeat(np.arange(pages_for(64), dtype=np.int32)[None], len(rows), 0),
                           "last": rows.astype(np.int32), "cache": cache})
-        lp = _log_softmax(out["logits"])
-        nll += list(-lp[np.arange(len(rows)), [ids[start + r + 1] for r in rows]])
-    want = float(np.exp(np.mean(nll)))
+        want.append(_log_softmax(out["logits"]))
+    want = np.concatenate(want)
+    base = np.load(saved[0])
+    nll = base["nll"].astype(np.float64)
     d = saved[1]
-    assert d["scored"] == len(nll) == (len(ids) // CTX) * (CTX // 2 - 1)
-    assert abs(d["ppl"] / want - 1) < 1e-6
+    assert d["scored"] == len(nll) == len(want) == (len(ids) // CTX) * (CTX // 2 - 1)
+    assert abs(d["ppl"] / float(np.exp(np.mean(nll))) - 1) < 1e-6
     se = np.std(nll) / np.sqrt(len(nll) - 1) * d["ppl"]  # llama-perplexity's standard error
     assert abs(d["ppl_unc"] / se - 1) < 1e-6
+    ours = base["logp"].astype(np.float64)
+    kl = (np.exp(want) * (want - ours)).sum(axis=1)
+    assert kl.mean() < llama_cpp_kl_bound(TINY_SPM.stem), kl.mean()
 
 
 def test_text_output_and_gguf_on_the_fly(cli, text, saved, tmp_path, monkeypatch):

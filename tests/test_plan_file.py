@@ -6,6 +6,7 @@ import struct
 import pytest
 
 from conftest import TINY_BPE, TINY_SPM
+from cpu_native import needs_compiler
 from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.plans.planfile import FORMAT_VERSION, read_body, read_header, write_plan
 
@@ -42,7 +43,7 @@ def test_wrong_device(cli, plan, tmp_path):
     header, offset = read_header(plan)
     other = tmp_path / "h200.plan"
     write_plan(other, header | {"device": OFFLINE_TARGETS["sm_90-h200"].to_dict()}, read_body(plan, offset))
-    _fails(cli, other, "compiled for sm_90 (cuda:sm_90", "--device cuda: ", "--device emu",
+    _fails(cli, other, "compiled for sm_90 (cuda:sm_90", "--device cuda", "--device emu",
                  f"recompile with: plan compile {TINY_SPM} --device cpu")
 
 
@@ -124,10 +125,16 @@ def _launch(body, phase="decode", i=2):
     (lambda b: _launch(b).pop("kernels"), "phases.decode.launches[2]", "missing field 'kernels'"),
     (lambda b: b["phases"]["prefill"]["buffers"][3].__setitem__("bytes", 12),
      "phases.prefill.buffers[3].bytes", "12 bytes, but"),
-    (lambda b: b["weights"]["blk.0.attn_q.weight"]["layouts"]["f32"].__setitem__("bytes", 7),
-     "weights.blk.0.attn_q.weight.layouts.f32.bytes", "7 bytes, but a Q4_K"),
-    (lambda b: b["weights"]["blk.0.attn_q.weight"]["layouts"]["f32"].__setitem__("version", 99),
-     "weights.blk.0.attn_q.weight.layouts.f32.version", "layout version 99"),
+    (lambda b: b["weights"]["blk.0.attn_q.weight"]["layouts"]["blocks"].__setitem__("bytes", 7),
+     "weights.blk.0.attn_q.weight.layouts.blocks.bytes", "7 bytes, but a Q4_K"),
+    (lambda b: b["weights"]["blk.0.attn_q.weight"]["layouts"]["blocks"].__setitem__("version", 99),
+     "weights.blk.0.attn_q.weight.layouts.blocks.version", "layout version 99"),
+    (lambda b: b["cpu"].pop("source"), "cpu", "missing field 'source'"),
+    (lambda b: b["cpu"].__setitem__("kernels", "fortran"), "cpu.kernels", "'fortran' is not one of native, numpy"),
+    (lambda b: b["cpu"].__setitem__("kernels", "numpy"), "phases.prefill.launches[0].kernels[0].name",
+     "lp_cpu_embed_q4_k in a plan whose cpu.kernels is numpy"),
+    (lambda b: _launch(b)["kernels"][0].__setitem__("name", "lp_cpu_nope"),
+     "phases.decode.launches[2].kernels[0].name", "kernel lp_cpu_nope is not in the plan's kernel table"),
     (lambda b: _launch(b)["kernels"][0]["args"].__setitem__(0, {"buf": 999}),
      "phases.decode.launches[2].kernels[0].args[0]", "buffer 999 of"),
     (lambda b: b["phases"]["decode"]["state"].pop("pos"), "phases.decode.state", "missing step-state input 'pos'"),
@@ -136,6 +143,7 @@ def _launch(body, phase="decode", i=2):
      "phases.decode.buffers[0].shape[1]", "unknown dimension 'nope'"),
     (lambda b: _launch(b).__setitem__("op", "frobnicate"), "phases.decode.launches[2].op", "unknown op"),
 ])
+@needs_compiler  # the plan's calls are the compiled kernels
 def test_inconsistent_body(cli, plan, tmp_path, change, where, problem):
     """A body that decodes but does not hold together is refused on read, naming the field, for run
     and inspect alike."""

@@ -1,6 +1,9 @@
 """The CPU backend's measured decisions end to end: every strategy gives the same bits, `plan tune`
 fills the store, `plan compile` takes its entries (and probes only what is missing or unusable),
-`plan inspect` shows the provenance, 16 concurrent tunes leave only whole entries, the store can be off."""
+`plan inspect` shows the provenance, 16 concurrent tunes leave only whole entries, the store can be off.
+The decisions are the compiled kernels' task rows (plans/cpu_native_tuning.py) where the compiler is;
+the NumPy twins' panels (plans/cpu_tuning.py) are tested alone and, in the plan compiled without a
+compiler, end to end."""
 
 from __future__ import annotations
 
@@ -16,8 +19,9 @@ import pytest
 from conftest import TINY_BPE, TINY_SPM
 from llmplan.core import numerics as num
 from llmplan.models.model import open_model
-from llmplan.plans import cpu_tuning, probes
-from llmplan.plans.compile import compile_model, limits_for, lower_phases
+from llmplan.codegen import toolchain
+from llmplan.plans import cpu_native_tuning, cpu_tuning, probes
+from llmplan.plans.compile import choose_cpu_kernels, compile_model, limits_for, lower_phases
 from llmplan.plans.devices import local_cpu
 from llmplan.plans.planfile import read_body, read_header
 from llmplan.plans.tune_store import TuneStore, _invalid
@@ -64,56 +68,63 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     tuned = json.loads(out)
     assert code == 0 and tuned["device_key"] == local_cpu().tune_key and tuned["store"] == str(store)
     rows = tuned["decisions"]
-    # chunk 16: the 4 projections of a layer have panels to choose; one row (decode, the tail) has none
-    assert len(rows) == 4 and sorted(p.stem for p in store.glob("*.json")) == sorted(r["entry"] for r in rows)
+    # every projection and the tail decide their task rows, per kernel, shape and phase rows
+    n = len(rows)
+    assert n > 4 and sorted(p.stem for p in store.glob("*.json")) == sorted(r["entry"] for r in rows)
     for r in rows:
-        assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == "p4m"
+        assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == "t16"
         assert r["chosen"] in r["medians"] and not r["rejected"]
 
     def no_probe(*a):
         raise AssertionError("a compile with a filled store probed")
-    monkeypatch.setattr(cpu_tuning, "probe", no_probe)
+    monkeypatch.setattr(cpu_native_tuning.NativeTasks, "probe", no_probe)
     code, out, _ = cli("compile", TINY_SPM, "--tune-dir", store, "--ctx", "64", "--chunk", "16", "-o",
                        tmp_path / "t.plan", "--json")
     t = json.loads(out)["tune"]
-    assert code == 0 and t["probed"] == 0 and t["measured"] + t["tie"] == t["decisions"] == 4 and t["heuristic"] == 0
+    assert code == 0 and t["probed"] == 0 and t["measured"] + t["tie"] == t["decisions"] == n and t["heuristic"] == 0
     body, launches = _launches(tmp_path / "t.plan")
     chosen = {r["decision"]: r["chosen"] for r in rows}
     projections = [l for l in launches if "decision" in l]
-    assert len(projections) == sum(sum(r["launches"].values()) for r in rows) == 4 * 4  # prefill's, 4 layers
-    one_row = [l for l in launches if l["family"] in ("matmul", "tail") and "decision" not in l]
-    assert len(one_row) == 2 + 18 + 18 and all(l["member"] == "p4m" for l in one_row)
+    assert len(projections) == sum(sum(r["launches"].values()) for r in rows)
+    assert projections == [l for l in launches if l["family"] in ("matmul", "tail")]  # every one decides
     assert body["tune"]["device_key"] == local_cpu().tune_key
     for launch in projections:
         assert launch["member"] == chosen[launch["decision"]]
-        assert cpu_tuning.Strategy(**launch["attrs"]["strategy"]).name == launch["member"]
+        assert all(k["args"][-1] == {"i32": int(launch["member"][1:])} for k in launch["kernels"])
     code, out, _ = cli("inspect", tmp_path / "t.plan", "--json")
     assert code == 0 and json.loads(out)["tuning"]["decisions"] == body["tune"]["decisions"]
     code, out, _ = cli("inspect", tmp_path / "t.plan")
-    assert code == 0 and "tuning   4 decisions from the tune store" in out and "measured: entry " in out
+    assert code == 0 and f"tuning   {n} decisions from the tune store" in out and "measured: entry " in out
 
 
-def _candidates(model) -> dict[str, list[cpu_tuning.Strategy]]:
-    """Every decision of the model's plan (context 64, chunk 16, 2 sequences) and its candidates."""
+def _candidates(model) -> tuple[dict[str, list[str]], str]:
+    """Every decision of the model's plan (context 64, chunk 16, 2 sequences) and its candidates (the
+    default first), and the build id the store keys them by."""
     device = local_cpu()
     phases, _, _, table = lower_phases(model, device, limits_for(model, 64, 16, 2))
-    return {d.key: cpu_tuning.candidates(d.projection) for d in cpu_tuning.tune(phases, table, device, TuneStore(None))}
+    cpu, decisions, build_id = choose_cpu_kernels(model, phases, table, device, TuneStore(None))
+    names = (cpu_native_tuning.NativeTasks.candidates if cpu["cpu"]["kernels"] == "native"
+             else cpu_tuning.candidates)
+    return {d.key: [c.name for c in names(d.projection)] for d in decisions}, build_id
 
 
-def _forced_store(path, decisions, pick) -> dict[str, str]:
+def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
     """A store whose entries choose candidate number `pick` (modulo) of every decision."""
     device, store, chosen = local_cpu(), TuneStore(path), {}
     for key, cands in decisions.items():
         s = cands[pick % len(cands)]
-        medians = {c.name: 2e-3 for c in cands} | {s.name: 1e-3}
-        v = probes.Verdict(medians, {}, cpu_tuning.DEFAULT.name, s.name, 1.0, False, 1)
-        store.save(probes.record(v, device.tune_key, key, cpu_tuning.build_id()))
-        chosen[key] = s.name
+        medians = {c: 2e-3 for c in cands} | {s: 1e-3}
+        v = probes.Verdict(medians, {}, cands[0], s, 1.0, False, 1)
+        store.save(probes.record(v, device.tune_key, key, build_id))
+        chosen[key] = s
     return chosen
 
 
+@pytest.mark.parametrize("kernels", ["native", "numpy"])
 @pytest.mark.parametrize("path", [TINY_SPM, TINY_BPE])
-def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path):
+def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path, kernels, monkeypatch):
+    if kernels == "numpy":  # the plan compiled where no C++ compiler is: the NumPy twins' panels
+        monkeypatch.setattr(toolchain, "find", lambda tool, extra_dirs=(): None)
     model = open_model(path)
     plan = tmp_path / "heuristic.plan"
     compile_model(model, local_cpu(), plan, ctx=64, chunk=16, max_seqs=2)  # no store: the heuristic
@@ -122,10 +133,10 @@ def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path
     assert len(prompt) > 16  # more than one prefill chunk
     requests = [Request(prompt, 8, keep_prompt_logits=True), Request(prompt[:5], 8)]  # the batched step too
     want = engine.run(requests)
-    decisions = _candidates(model)
+    decisions, build_id = _candidates(model)
     for pick in range(1, max(map(len, decisions.values()))):  # every candidate of every decision at least once
         store = tmp_path / f"forced{pick}"
-        chosen = _forced_store(store, decisions, pick)
+        chosen = _forced_store(store, decisions, build_id, pick)
         out = tmp_path / f"forced{pick}.plan"
         summary = compile_model(model, local_cpu(), out, ctx=64, chunk=16, max_seqs=2, tune=TuneStore(store))
         assert summary["tune"]["probed"] == 0
@@ -152,8 +163,9 @@ def test_unusable_entries_are_measured_again_and_replaced(cli, tmp_path, quick_p
                        tmp_path / "t.plan", "--json")
     assert code == 0 and json.loads(out)["tune"]["probed"] == 4
     device = local_cpu()
+    _, build_id = _candidates(open_model(TINY_SPM))
     for r in rows:
-        look = store.load(device.tune_key, r["decision"], cpu_tuning.build_id())
+        look = store.load(device.tune_key, r["decision"], build_id)
         assert look.entry is not None, (r["decision"], look.why)
     code, out, _ = cli("tune", TINY_SPM, "--tune-dir", store_dir, *FAST)
     assert code == 0 and "replaced" not in out  # all whole again
@@ -168,13 +180,14 @@ def test_store_off_writes_nothing(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(home / ".cache"))
     monkeypatch.setenv("LLMPLAN_TUNE_DIR", "off")
-    code, out, _ = cli("compile", TINY_SPM, "-o", tmp_path / "t.plan", "--json")
+    monkeypatch.setenv("LLMPLAN_CACHE", str(tmp_path / "cache"))  # the compiled kernels' cache: not the store's
+    code, out, _ = cli("compile", TINY_SPM, "-o", tmp_path / "t.plan", "--json", *FAST[2:])
     t = json.loads(out)["tune"]
-    assert code == 0 and t["store"] == "off" and t["heuristic"] == 4 and t["probed"] == 0
+    assert code == 0 and t["store"] == "off" and t["heuristic"] == t["decisions"] > 0 and t["probed"] == 0
     _, launches = _launches(tmp_path / "t.plan")
     assert {l["provenance"] for l in launches if "decision" in l} == {"heuristic: no entry (tune store off)"}
     code, out, _ = cli("tune", TINY_SPM, *FAST, "--json")  # measures, keeps nothing
-    assert code == 0 and json.loads(out)["store"] == "off" and len(json.loads(out)["decisions"]) == 4
+    assert code == 0 and json.loads(out)["store"] == "off" and len(json.loads(out)["decisions"]) == t["decisions"]
     assert list(home.rglob("*")) == []
 
 
@@ -221,5 +234,6 @@ def test_sixteen_concurrent_tunes_leave_only_whole_entries(tmp_path):
     assert all(len(rows) == len(results[0]) for rows in results) and len(ids) == len(results[0])
     assert sorted(p.stem for p in store_dir.iterdir()) == sorted(ids)  # entries only: no temporary files
     store, device = TuneStore(store_dir), local_cpu()
-    assert all(store.load(device.tune_key, r["decision"], cpu_tuning.build_id()).entry for r in results[0])
+    build_id = json.loads(outs[0][0])["build_id"]
+    assert all(store.load(device.tune_key, r["decision"], build_id).entry for r in results[0])
     assert reads > 0

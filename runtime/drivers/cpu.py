@@ -1,11 +1,18 @@
-"""The cpu driver: a CPU plan's kernel calls are its families' NumPy twins (runtime/cpu_kernels.py),
-called with views of host memory in the dtypes and shapes the plan gives each argument."""
+"""The cpu driver: a CPU plan's kernel calls, either the CPU target's compiled kernels (the plan's `cpu`
+section carries their translation unit and SIMD path; codegen/cpu_build.py builds it once per source,
+flags and compiler, cached, and loads it) or, in a plan compiled where no C++ compiler was, the
+families' NumPy twins (runtime/cpu_kernels.py), called with views of host memory in the dtypes and
+shapes the plan gives each argument."""
 
 from __future__ import annotations
 
 import math
+import os
+import threading
+import time
 from typing import Any, Callable
 
+from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.core.errors import InputError
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, planes
 
@@ -14,6 +21,9 @@ from ..driver import Call, Region, Scalar
 from .host import HostDriver, raw, typed
 
 PREFIX = "numpy."
+# One thread pool per loaded library, shared by every engine of the process that loads it (a library is
+# loaded once per path): a launch must not meet another launch or a pool resize, so each holds this.
+_POOL = threading.Lock()
 
 
 def view(region: Region) -> Any:
@@ -33,17 +43,44 @@ def view(region: Region) -> Any:
 
 class CpuDriver(HostDriver):
     name = "cpu"
+    lib: CpuLibrary | None = None  # the compiled kernels (None: the plan's calls are the NumPy twins)
 
     def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
         backend = header["device"]["backend"]
         if backend != "cpu":
             raise InputError(f"a {backend} plan ({header['device']['arch']}) does not run on the cpu driver: run it "
                              "with --device emu, or compile for the CPU (plan compile ... --device cpu)")
+        cpu = body["cpu"]
+        if cpu["kernels"] != "native":
+            return
+        params = {name: k["params"] for name, k in body["kernels"].items()}
+        t0 = time.perf_counter()
+        self.lib = CpuLibrary(cpu["source"], params, cpu["isa"])
+        self.build_s = time.perf_counter() - t0
+        with _POOL:
+            self.lib.set_threads(self.threads or len(os.sched_getaffinity(0)))
 
     def prepare(self, call: Call) -> Callable[[], None]:
+        if self.lib is not None and not call.name.startswith(PREFIX):
+            return self._native(call)
         if not call.name.startswith(PREFIX) or call.name[len(PREFIX):] not in KERNELS:
             raise InputError(f"the cpu driver has no kernel {call.name!r}")
         fn = KERNELS[call.name[len(PREFIX):]]
         views = [view(a) for a in call.args if not isinstance(a, Scalar)]
         outs, ins, op, attrs = views[:call.outs], views[call.outs:], call.op, call.attrs
         return lambda: fn(op, attrs, outs, *ins)
+
+    def _native(self, call: Call) -> Callable[[], None]:
+        """The entry point with its arguments bound: region addresses and scalar values, fixed from here on."""
+        fn, types = self.lib.entry(call.name)
+        if len(types) != len(call.args):
+            raise InputError(f"kernel {call.name}: {len(call.args)} arguments for {len(types)} parameters")
+        values = tuple(a.value if isinstance(a, Scalar) else a.buffer.ctypes.data + a.offset for a in call.args)
+        buffers = [a.buffer for a in call.args if isinstance(a, Region)]
+
+        def run() -> None:
+            with _POOL:
+                fn(*values)
+
+        run.keep = buffers  # the memory the addresses point into lives as long as the call
+        return run

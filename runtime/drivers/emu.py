@@ -25,6 +25,8 @@ class EmuDriver(HostDriver):
         t0 = time.perf_counter()
         self.lib = EmuLibrary.from_plan(body["gpu"]["source"], kernels, dev["wave"], mode_for(dev["int8_matrix"]))
         self.build_s = time.perf_counter() - t0
+        if self.threads:
+            self.lib.set_threads(self.threads)
         self.blocks = {name: block for name, (_, block) in kernels.items()}
 
     def prepare(self, call: Call) -> Callable[[], None]:

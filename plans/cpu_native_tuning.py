@@ -1,0 +1,166 @@
+"""The compiled CPU kernels' measured decision: the weight rows per thread task of each projection.
+
+The matmul and tail kernels (codegen/cpu_families/matmul.py, tail.py) split a projection's out rows
+into tasks of `task_rows` consecutive rows that the pool's threads take as they come free; every member
+(t8, t16, t32, t64) gives the same bits, since each row's dot products are summed in one fixed order.
+Which is fastest depends on the shape (K, N, the phase's rows) and the machine (cores, caches): few
+large tasks leave threads idle at the end of a decode step's small projections, many small ones pay
+more for claiming them. The heuristic without an entry is the family's default, t16.
+
+A probe runs the plan's own kernel calls from the plan's own library (the one the driver loads), on
+the model's real weights read in place, over every layer's launch of that shape in turn (so the
+weights stream from memory as in a step), with random activations; each candidate's outputs are
+checked bit for bit against the default's before it is timed. Task rows travel as the launch's member
+and as its kernel calls' last argument (task_rows, the last parameter of both families' kernels).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen.cpu_build import CpuLibrary
+from llmplan.codegen.cpu_families.matmul import DEFAULT_TASK_ROWS, TASK_ROWS
+from llmplan.core.formats import ACTIVATION_FORMATS, dequantize, planes
+from llmplan.models.gguf import GGUFFile
+
+from . import cpu_tuning
+from .probes import Verdict, measure
+
+
+@dataclass(frozen=True)
+class TaskRows:
+    rows: int
+
+    @property
+    def name(self) -> str:
+        return f"t{self.rows}"
+
+
+DEFAULT = TaskRows(DEFAULT_TASK_ROWS)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What a projection's best task size depends on: its kernel (formats, segments, epilogue), K, each
+    segment's N, the phase's rows; `phase` is where its launches' buffers are described."""
+
+    kernel: str
+    projection: cpu_tuning.Projection
+    phase: dict[str, Any] = field(compare=False, hash=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        p = self.projection
+        return f"cpu:{self.kernel}:k{p.k}:n{'+'.join(map(str, p.ns))}:rows{p.rows}"
+
+
+def _activation(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """A buffer of random values: floats, or a packed activation's field planes (small positive scales,
+    random 8-bit values and their sums)."""
+    if dtype == "f32":
+        return rng.standard_normal(shape).astype(np.float32)
+    if dtype == "i32":
+        return np.zeros(shape, np.int32)
+    if dtype == "f16":
+        return rng.standard_normal(shape).astype(np.float16)
+    fmt = ACTIVATION_FORMATS[dtype.upper()]
+    ps, size = planes(fmt, math.prod(shape[:-1]), shape[-1])
+    buf = np.zeros(size, np.uint8)
+    for p in ps:
+        view = buf[p.offset:p.offset + p.nbytes].view(p.dtype)
+        view[...] = (rng.integers(-100, 100, view.size) if view.dtype.kind == "i"
+                     else rng.uniform(0.001, 0.01, view.size))
+    return buf
+
+
+class NativeTasks:
+    """The decision kind cpu_tuning.tune takes for a plan on the compiled kernels."""
+
+    default = DEFAULT
+    single = ""  # every projection has candidates
+
+    def __init__(self, lib: CpuLibrary, file: GGUFFile, phases: dict[str, dict[str, Any]]):
+        self.lib, self.file, self.phases = lib, file, phases
+
+    def projection(self, launch, buffers, dims, weights) -> Shape | None:
+        p = cpu_tuning.projection(launch, buffers, dims, weights)
+        if p is None:
+            return None
+        phase = next(ph for ph in self.phases.values() if ph["buffers"] is buffers)
+        return Shape(launch["kernels"][0]["name"], p, phase)
+
+    @staticmethod
+    def candidates(shape: Shape) -> list[TaskRows]:
+        return [DEFAULT, *(TaskRows(n) for n in TASK_ROWS if n != DEFAULT.rows)]
+
+    def build_id(self) -> str:
+        """What the measurements measured: the CPU kernels' sources, the SIMD path, the compiler."""
+        sources = sorted(cpu_build.CPU_DIR.glob("*.h"))
+        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, toolchain.version(toolchain.clang())])
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    @staticmethod
+    def apply(launch: dict[str, Any], s: TaskRows) -> None:
+        launch["member"] = s.name
+        for k in launch["kernels"]:
+            k["args"][-1] = {"i32": s.rows}
+
+    def probe(self, d: cpu_tuning.Decision, cands: list[TaskRows], round_seconds: float) -> Verdict:
+        shape: Shape = d.projection
+        phase, dims = shape.phase, dict(shape.phase["dims"], rows=shape.projection.rows)
+        group = [l for l in d.launches if any(l is x for x in phase["launches"])]
+        rng = np.random.default_rng(zlib.crc32(d.key.encode()))
+        arrays: dict[str, np.ndarray] = {}
+
+        def bind(ref: dict[str, Any]) -> np.ndarray:
+            if "state" in ref:  # the decode phases' tail writes its tokens into the tokens input
+                s = phase["state"][ref["state"]]
+                return arrays.setdefault(ref["state"], np.zeros([x if isinstance(x, int) else dims[x]
+                                                                 for x in s["shape"]], np.int32))
+            if "buf" in ref:
+                b = phase["buffers"][ref["buf"]]
+                shp = tuple(x if isinstance(x, int) else dims[x] for x in b["shape"])
+                return arrays.setdefault(f"buf{ref['buf']}", _activation(b["dtype"], shp, rng))
+            if ref.get("layout") == "blocks":
+                return self.file.tensor_bytes(ref["weight"])
+            t = self.file.tensors[ref["weight"]]
+            return arrays.setdefault(ref["weight"], dequantize(self.file.tensor_bytes(ref["weight"]), t.type))
+
+        def arg(r: dict[str, Any]) -> Any:
+            if "i32" in r:
+                return dims[r["i32"]] if isinstance(r["i32"], str) else r["i32"]
+            return r["f32"] if "f32" in r else bind(r).ctypes.data
+
+        def values(k: dict[str, Any], task_rows: int) -> tuple:
+            return (*(arg(r) for r in k["args"][:-1]), task_rows)
+
+        calls = {c.name: [[(self.lib.entry(k["name"])[0], values(k, c.rows)) for k in l["kernels"]] for l in group]
+                 for c in cands}
+        snapshot = {n: a.copy() for n, a in arrays.items()}
+        outs = [f"buf{r['buf']}" for r in group[0]["outs"] if "buf" in r]
+
+        def runner(c: TaskRows):
+            def run(i: int):
+                if i == 0:  # the check: from the same inputs every time (a residual accumulates in place)
+                    for n, a in snapshot.items():
+                        arrays[n][...] = a
+                for fn, vals in calls[c.name][i % len(group)]:
+                    fn(*vals)
+                return [arrays[n].copy() for n in outs] if i == 0 else None
+            return run
+
+        runners = {c.name: runner(c) for c in cands}
+        reference = runners[DEFAULT.name](0)
+
+        def check(got) -> str:
+            same = all(np.array_equal(g, r, equal_nan=True) for g, r in zip(got, reference))
+            return "" if same else "its outputs differ from the default task size's"
+
+        return measure(runners, check, DEFAULT.name, round_seconds)
