@@ -133,6 +133,21 @@ def gemma3_path() -> Path:
 SERVE_CTX, SERVE_CHUNK, SERVE_SEQS = 256, 32, 8
 
 
+def cpu_and_gpu_plans(root: Path, gguf: Path, **limits) -> dict[str, str]:
+    """{"cpu": path, "sm_90": path}: one model compiled for this CPU and for sm_90 into `root` with the
+    same limits (ctx, chunk, max_seqs), for tests that hold a GPU plan against the CPU plan."""
+    from llmplan.models.model import open_model
+    from llmplan.plans.compile import compile_model
+    from llmplan.plans.devices import OFFLINE_TARGETS, local_cpu
+
+    out = {}
+    for device in ("cpu", "sm_90"):
+        out[device] = str(root / f"{device}.plan")
+        facts = local_cpu() if device == "cpu" else OFFLINE_TARGETS[device]
+        compile_model(open_model(gguf), facts, out[device], **limits)
+    return out
+
+
 @pytest.fixture(scope="session")
 def serve_plan(tmp_path_factory):
     """serve_plan("bpe" | "spm"): the fixture model's plan for the serve tests, compiled once per

@@ -11,14 +11,11 @@ import numpy as np
 import pytest
 
 from codegen_checks import needs_emulator
-from conftest import TINY_BPE
+from conftest import TINY_BPE, cpu_and_gpu_plans
 from kernel_inputs import nmse
 from llmplan.core.formats import ACTIVATION_FORMATS, planes
-from llmplan.models.model import open_model
-from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import OFFLINE_TARGETS, local_cpu
 from llmplan.runtime.engine import Engine
-from llmplan.runtime.requests import Request, SamplingParams
+from llmplan.runtime.requests import Request
 from llmplan.runtime.drivers.host import typed
 
 pytestmark = needs_emulator
@@ -32,13 +29,7 @@ ORDER_SENSITIVE = {"matmul", "attention_prefill", "attention_decode", "tail"}
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    root = tmp_path_factory.mktemp("emu-engine")
-    out = {}
-    for device in ("cpu", "sm_90"):
-        out[device] = str(root / f"{device}.plan")
-        facts = local_cpu() if device == "cpu" else OFFLINE_TARGETS[device]
-        compile_model(open_model(TINY_BPE), facts, out[device], ctx=512, chunk=128, max_seqs=4)
-    return out
+    return cpu_and_gpu_plans(tmp_path_factory.mktemp("emu-engine"), TINY_BPE, ctx=512, chunk=128, max_seqs=4)
 
 
 def test_scheduling_on_emu_changes_no_token(plans):

@@ -10,10 +10,7 @@ import json
 import pytest
 
 from codegen_checks import needs_emulator
-from conftest import TINY_SPM
-from llmplan.models.model import open_model
-from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import OFFLINE_TARGETS, local_cpu
+from conftest import TINY_SPM, cpu_and_gpu_plans
 from llmplan.runtime import engine as engine_module
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
@@ -25,13 +22,7 @@ EPS = 0.01  # microseconds: ts and dur are rounded separately
 
 @pytest.fixture(scope="module")
 def plans(tmp_path_factory):
-    root = tmp_path_factory.mktemp("trace")
-    out = {}
-    for device in ("cpu", "sm_90"):
-        out[device] = str(root / f"{device}.plan")
-        facts = local_cpu() if device == "cpu" else OFFLINE_TARGETS[device]
-        compile_model(open_model(TINY_SPM), facts, out[device], ctx=128, chunk=32, max_seqs=2)
-    return out
+    return cpu_and_gpu_plans(tmp_path_factory.mktemp("trace"), TINY_SPM, ctx=128, chunk=32, max_seqs=2)
 
 
 def parents(events: list[dict]) -> dict[int, dict | None]:
@@ -81,7 +72,7 @@ def test_plan_run_traces_a_cpu_run(cli, plans, tmp_path):
     assert {"compile", "load", "kernels", "open model", "read plan", "step", "schedule", "prefill", "decode",
             "record decode x1", "replay decode x1"} <= names, names
     assert sum(e["name"] == "step" for e in xs) == 6 and all(e["tid"] == HOST for e in xs)
-    assert any(e["cat"] == "launch" and e["name"].startswith("numpy.") for e in xs)
+    assert any(e["cat"] == "launch" and e["name"].startswith("lp_cpu_") for e in xs)  # the compiled CPU kernels
 
 
 @needs_emulator
