@@ -108,6 +108,8 @@ def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
         "declines": {ph: d for ph, d in body["declines"].items()},
         "held_beyond_file": None if "gpu" in body else
         held_beyond_file(header, body, layouts, lim["kv_blocks"] * block_bytes),
+        "device_memory": body["device_memory"] if "gpu" in body else None,
+        "decode_bytes_per_token": body["decode_bytes_per_token"],
     }
 
 
@@ -206,6 +208,16 @@ def run(args: argparse.Namespace) -> int:
         h = s["held_beyond_file"]
         print(f"  memory   {human_bytes(h['total'])} held beyond the mapped file: "
               + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in h.items() if k != "total"))
+    dev = s["device"]
+    if s["device_memory"]:
+        dm = s["device_memory"]
+        print(f"  memory   {human_bytes(dm['total'])} on the device, of its {dev['memory_gib']} GiB: "
+              + ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in dm.items() if k != "total"))
+    if dev["bandwidth_gbs"]:
+        n = s["decode_bytes_per_token"]
+        print(f"  roofline a decode step reads {human_bytes(n)} of weights: at the device's peak {dev['bandwidth_gbs']:g} "
+              f"GB/s, {n / dev['bandwidth_gbs'] / 1e6:.3f} ms a step at least, {dev['bandwidth_gbs'] * 1e9 / n:.0f} "
+              f"tokens/s at most for one sequence")
     n_declines = sum(len(v) for v in s["declines"].values())
     print(f"  declines {n_declines} (plan passes MODEL.gguf shows them)")
     return 0

@@ -20,6 +20,7 @@ from llmplan.core.layouts import LAYOUTS, layout_bytes
 from llmplan.core.numerics import PAGE, pages_for
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
+from llmplan.models.info import decode_bytes_per_token
 from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
 
@@ -65,6 +66,17 @@ def weight_layouts(phases: dict[str, dict[str, Any]], table: dict[str, tuple[str
                         out.setdefault(name, {})[how] = {"version": LAYOUTS[how].version,
                                                          "bytes": layout_bytes(how, fmt, shape)}
     return out
+
+
+def device_memory(model: Model, layouts: dict[str, dict[str, dict[str, int]]], limits: dict[str, int],
+                  arena: int) -> dict[str, int]:
+    """What a plan's run holds in device memory (on a GPU; on the CPU the weights stay in the mapped
+    file): the weights in every layout its kernels read, the K/V cache at the plan's blocks, the arena."""
+    c = model.config
+    out = {"weights": sum(v["bytes"] for how in layouts.values() for v in how.values()),
+           "kv_cache": c.n_layers * 2 * limits["kv_blocks"] * PAGE * c.kv_dim * 2,  # f16 K and V
+           "arena": arena}
+    return out | {"total": sum(out.values())}
 
 
 def cache_descriptor(model: Model) -> dict[str, Any]:
@@ -115,6 +127,12 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
             gpu = _gpu_kernels(phases, table, device, store)
     arena = max(p["arena_bytes"] for p in phases.values())
     layouts = weight_layouts(phases, table)
+    memory = device_memory(model, layouts, limits, arena)
+    if device.backend != "cpu" and memory["total"] > device.memory_gib * 2**30:
+        raise InputError(f"the plan needs {memory['total'] / 2**30:.2f} GiB on {device.name}, which has "
+                         f"{device.memory_gib} GiB (weights {memory['weights'] / 2**30:.2f}, K/V cache "
+                         f"{memory['kv_cache'] / 2**30:.2f} for {limits['kv_blocks']} blocks, arena "
+                         f"{memory['arena'] / 2**30:.2f}): a smaller --ctx or --max-seqs shrinks the K/V cache")
     header = {
         "llmplan": "0.1.0",
         "device": device.to_dict(),
@@ -128,6 +146,8 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         "ir": texts,
         "phases": phases,
         "arena_bytes": arena,
+        "device_memory": memory,
+        "decode_bytes_per_token": decode_bytes_per_token(model.weights, model.config.tied_output),
         "cache": cache_descriptor(model),
         "weights": {name: {"format": fmt, "shape": list(shape), "layouts": layouts.get(name, {})}
                     for name, (fmt, shape) in table.items()},

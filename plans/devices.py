@@ -29,7 +29,6 @@ class DeviceFacts:
     max_threads_per_block: int
     bandwidth_gbs: float  # peak memory bandwidth, GB/s
     memory_gib: float
-    int8_dot: str  # the dot-product instruction family: dp4a, sudot4, sdot4, or numpy
     int8_matrix: str  # mma.sync.s8, wmma_iu8, mfma_i8, or none
     simd: str = ""  # the CPU's widest SIMD level NumPy dispatches to (avx512_icl, avx2, asimd, ...)
 
@@ -58,17 +57,17 @@ _K = 1024
 # Published figures for each target (vendor specifications); bandwidth is the peak the roofline uses.
 OFFLINE_TARGETS: dict[str, DeviceFacts] = {
     "sm_89": DeviceFacts("NVIDIA GeForce RTX 4090", "cuda", "sm_89", 128, 32, 48 * _K, 99 * _K, 65536, 1024,
-                         1008.0, 24.0, "dp4a", "mma.sync.s8"),
+                         1008.0, 24.0, "mma.sync.s8"),
     "sm_90": DeviceFacts("NVIDIA H100 SXM5", "cuda", "sm_90", 132, 32, 48 * _K, 227 * _K, 65536, 1024,
-                         3350.0, 80.0, "dp4a", "mma.sync.s8"),
+                         3350.0, 80.0, "mma.sync.s8"),
     "sm_90-h200": DeviceFacts("NVIDIA H200 SXM", "cuda", "sm_90", 132, 32, 48 * _K, 227 * _K, 65536, 1024,
-                              4800.0, 141.0, "dp4a", "mma.sync.s8"),
+                              4800.0, 141.0, "mma.sync.s8"),
     "gfx1100": DeviceFacts("AMD Radeon RX 7900 XTX", "hip", "gfx1100", 96, 32, 64 * _K, 64 * _K, 131072, 1024,
-                           960.0, 24.0, "sudot4", "wmma_iu8"),
+                           960.0, 24.0, "wmma_iu8"),
     "gfx1151": DeviceFacts("AMD Radeon 8060S (Strix Halo)", "hip", "gfx1151", 40, 32, 64 * _K, 64 * _K, 131072, 1024,
-                           256.0, 96.0, "sudot4", "wmma_iu8"),
+                           256.0, 96.0, "wmma_iu8"),
     "gfx942": DeviceFacts("AMD Instinct MI300X", "hip", "gfx942", 304, 64, 64 * _K, 64 * _K, 131072, 1024,
-                          5300.0, 192.0, "sdot4", "mfma_i8"),
+                          5300.0, 192.0, "mfma_i8"),
 }
 
 
@@ -90,17 +89,17 @@ def simd_level() -> str:
 def local_cpu() -> DeviceFacts:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else 0.0
-    # The CPU backend runs NumPy: a plan runs on every CPU, so its key holds only the machine type; tune
-    # entries are keyed by cores and SIMD level too (tune_key).
-    return DeviceFacts("NumPy on " + (platform.processor() or platform.machine()), "cpu", platform.machine(), cores,
-                       1, 0, 0, 0, 1, 0.0, round(mem, 1), "numpy", "none", simd_level())
+    # A CPU plan's key holds only the machine type: the cpu driver checks the plan's SIMD path against the
+    # CPU it loads on (a NumPy-fallback plan runs on any); tune entries add cores and SIMD level (tune_key).
+    return DeviceFacts("CPU " + (platform.processor() or platform.machine()), "cpu", platform.machine(), cores,
+                       1, 0, 0, 0, 1, 0.0, round(mem, 1), "none", simd_level())
 
 
-def _instructions(backend: str, arch: str) -> tuple[str, str]:
-    """The int8 dot-product and matrix instruction families of an architecture (the offline table's)."""
+def _matrix(backend: str, arch: str) -> str:
+    """The int8 matrix instruction family of an architecture (the offline table's)."""
     for t in OFFLINE_TARGETS.values():
         if (t.backend, t.arch) == (backend, arch):
-            return t.int8_dot, t.int8_matrix
+            return t.int8_matrix
     known = sorted({t.arch for t in OFFLINE_TARGETS.values() if t.backend == backend})
     raise InputError(f"the local {backend} device is {arch}, which llmplan has no kernels for ({', '.join(known)})")
 
@@ -118,11 +117,11 @@ def cuda_facts(props: dict) -> DeviceFacts:
     """DeviceFacts from a CUDA device's properties, keyed as cupy.cuda.runtime.getDeviceProperties
     gives them (memoryClockRate, which CUDA 13 dropped from the struct, from the device attribute)."""
     arch = f"sm_{props['major']}{props['minor']}"
-    dot, matrix = _instructions("cuda", arch)
+    matrix = _matrix("cuda", arch)
     return DeviceFacts(_text(props["name"]), "cuda", arch, props["multiProcessorCount"], props["warpSize"],
                        props["sharedMemPerBlock"], props["sharedMemPerBlockOptin"], props["regsPerMultiprocessor"],
                        props["maxThreadsPerBlock"], _peak_gbs(props), round(props["totalGlobalMem"] / 2**30, 1),
-                       dot, matrix)
+                       matrix)
 
 
 def hip_facts(props: dict) -> DeviceFacts:
@@ -131,10 +130,10 @@ def hip_facts(props: dict) -> DeviceFacts:
     (0): the memory clock HIP reports gives no data rate that holds across GDDR6 and HBM3 parts (the
     benchmark measures it)."""
     arch = _text(props["gcnArchName"]).split(":")[0]  # gfx1100:sramecc+:xnack-
-    dot, matrix = _instructions("hip", arch)
+    matrix = _matrix("hip", arch)
     return DeviceFacts(_text(props["name"]), "hip", arch, props["multiProcessorCount"], props["warpSize"],
                        props["sharedMemPerBlock"], props["sharedMemPerBlock"], props["regsPerMultiprocessor"],
-                       props["maxThreadsPerBlock"], 0.0, round(props["totalGlobalMem"] / 2**30, 1), dot, matrix)
+                       props["maxThreadsPerBlock"], 0.0, round(props["totalGlobalMem"] / 2**30, 1), matrix)
 
 
 HIP_PROPERTIES = ("name", "gcnArchName", "multiProcessorCount", "warpSize", "sharedMemPerBlock",

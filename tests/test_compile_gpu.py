@@ -16,9 +16,12 @@ from llmplan.plans import select
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
+from llmplan.core.errors import InputError
+from llmplan.models.info import describe
 from llmplan.models.model import open_model
 from llmplan.core.op_traits import FAMILIES
 from llmplan.plans.compile import compile_model, limits_for, lower_phases
+from llmplan.plans.console import human_bytes
 from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.plans.planfile import read_body, read_header
 from llmplan.plans.probes import Verdict, record
@@ -201,8 +204,29 @@ def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
         compile_model(open_model(TINY_BPE), tiny, tmp_path / "u.plan")
 
 
+def test_a_plan_larger_than_the_device_is_refused(kernel_cache, tmp_path):
+    """Weights in their device layouts, the K/V cache and the arena must fit the device's memory; the
+    error names the parts and what shrinks the cache."""
+    require_compiler(TARGETS["sm_90"])
+    small = dataclasses.replace(OFFLINE_TARGETS["sm_90"], memory_gib=0.028)  # 28.7 MiB
+    with pytest.raises(InputError, match=r"the plan needs 0\.03 GiB on NVIDIA H100 SXM5, which has 0\.028 GiB "
+                                         r"\(weights 0\.02, K/V cache 0\.01 for 256 blocks, arena 0\.01\): a smaller "
+                                         r"--ctx or --max-seqs shrinks the K/V cache"):
+        compile_model(open_model(TINY_BPE), small, tmp_path / "big.plan", ctx=4096)
+    compile_model(open_model(TINY_BPE), small, tmp_path / "fits.plan", ctx=512)
+    header, offset = read_header(tmp_path / "fits.plan")
+    memory = read_body(tmp_path / "fits.plan", offset)["device_memory"]
+    assert memory["total"] == memory["weights"] + memory["kv_cache"] + memory["arena"] <= 0.028 * 2**30
+    assert memory["kv_cache"] == 2 * 2 * 32 * 16 * 256 * 2  # layers, K and V, blocks, positions, kv features, f16
+
+
 def test_inspect_kernels_and_source(compiled, cli, tmp_path):
     path, _, body = compiled(TINY_BPE, "gfx1151")
+    code, out, _ = cli("inspect", path)
+    want = describe(TINY_BPE)["decode_bytes_per_token"]
+    assert code == 0 and f"a decode step reads {human_bytes(want)} of weights: at the device's peak 256 GB/s, " \
+                         f"{want / 256e6:.3f} ms a step at least" in out
+    assert re.search(r"memory   [\d.]+ MiB on the device, of its 96.0 GiB: weights [\d.]+ MiB, kv cache", out)
     code, out, _ = cli("inspect", path, "--kernels")
     assert code == 0 and out.startswith(f"{len(body['gpu']['manifests'])} kernels for gfx1151")
     for name, m in body["gpu"]["manifests"].items():

@@ -18,6 +18,7 @@ from conftest import TINY_BPE
 from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
+from llmplan.plans.planfile import read_body, read_header, write_plan
 from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.runtime import engine as engine_module
 from llmplan.runtime.driver import driver_for
@@ -107,6 +108,28 @@ def test_the_stream_driver_gives_the_emulators_tokens(gpu_plan, monkeypatch):
         assert drivers[-1].pinned_allocs < 8  # staging and read buffers are reused, step after step
     poisoned = Engine.load(gpu_plan, device="cuda", poison=True)
     assert [r.ids for r in poisoned.run([Request(p, 3) for p in PROMPTS])] == [ids[:3] for ids in want]
+
+
+def test_kernels_asking_beyond_the_default_shared_memory_opt_in_at_load(gpu_plan, tmp_path, monkeypatch):
+    """A launch asking more dynamic shared memory than the plan's device gives without opting in (its
+    smem_per_block) makes the driver opt that kernel in, once, at load, to the most any launch asks."""
+    header, offset = read_header(gpu_plan)
+    body = read_body(gpu_plan, offset)
+    header["device"]["smem_per_block"] = 16384  # not CUDA's usual 48 KiB: the driver reads it from the plan
+    glu = {k["name"] for p in body["phases"].values() for launch in p["launches"] for k in launch["kernels"]
+           if k["name"].startswith("lp_glu_pack")}
+    norm = {k["name"] for p in body["phases"].values() for launch in p["launches"] for k in launch["kernels"]
+            if k["name"].startswith("lp_rmsnorm")}
+    for p in body["phases"].values():
+        for launch in p["launches"]:
+            for k in launch["kernels"]:
+                k["smem"] = {True: 20480, False: 16384 if k["name"] in norm else 0}[k["name"] in glu]
+    asking = tmp_path / "asks.plan"
+    write_plan(asking, header, body)
+    drivers = []
+    monkeypatch.setattr(engine_module, "driver_for", lambda name: drivers.append(EmuStreamDriver()) or drivers[-1])
+    Engine.load(str(asking), device="cuda")
+    assert glu and norm and drivers[0].opted == {name: 20480 for name in glu}  # the default itself needs none
 
 
 # GPU 0's properties as cupy.cuda.runtime.getDeviceProperties gives them on an H200 (CUDA 13: no clock

@@ -25,7 +25,6 @@ from .host import typed
 
 # C parameter type -> struct format; pointers (`const float*`, `lp_half*` ...) are 8-byte addresses
 SCALAR_FORMATS = {"int": "i", "unsigned": "I", "float": "f"}
-SMEM_DEFAULT = 48 * 1024  # dynamic shared memory a kernel gets without opting in
 
 
 def pack(params: tuple[str, ...], values: list[int | float]) -> bytes:
@@ -134,7 +133,7 @@ class StreamDriver(Driver):
                 for k in launch["kernels"]:
                     smem[k["name"]] = max(smem.get(k["name"], 0), k["smem"])
         for name, n in smem.items():
-            if n > SMEM_DEFAULT:
+            if n > dev["smem_per_block"]:  # what a kernel gets without opting in
                 self.opt_in_smem(self.functions[name], n)
         self.pinned = PinnedPool(self.pinned_alloc)
 
