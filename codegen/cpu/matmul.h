@@ -25,6 +25,7 @@
 // row: never on the row count, the tile it falls in, or the thread. A row's result is the same batched
 // or alone.
 #pragma once
+#include <type_traits>
 #include <vector>
 
 #include "pool.h"
@@ -134,6 +135,7 @@ constexpr int RT_A = 4, CT_A = 4, RT_B = 2, CT_B = 4, RT_V = 4, CT_V = 4;
 #else
 constexpr int RT_A = 2, CT_A = 3, RT_B = 2, CT_B = 2, RT_V = 2, CT_V = 3;
 #endif
+constexpr int RT_B1 = AHEAD_ROWS;  // engine B's tile rows with a few activation rows (unpack.h prefetches for it)
 
 #if LP_CPU_ISA >= 2
 inline float hsum16(__m512 v) {
@@ -466,10 +468,10 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
     run(FromUnpacked<Unpack<F>::SIGNED>{u});
   } else {
     static thread_local UnpackedB u;
-    auto run = [&](int q0, int q1) {
+    auto run = [&]<int TR>(std::integral_constant<int, TR>, int q0, int q1) {  // tiles of TR weight rows
       u.reset(q0, q1, a.k);
       for (int row = q0; row < q1; ++row) Unpack<F>::row(w, row, u);
-      tiles<RT_B, CT_B>(q0, q1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+      tiles<TR, CT_B>(q0, q1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
 #if LP_CPU_ISA >= 2
         tile_b512<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
 #else
@@ -478,11 +480,12 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
       }, out);
     };
     // a few activation rows (one tile per weight row): unpack a tile's rows at a time, so the scratch
-    // stays in L1 (a task's rows of a 2048-long row are 64 KiB); the tiles are the same either way
+    // stays in L1 (a task's rows of a 2048-long row are 64 KiB), in taller tiles (RT_B1: more
+    // independent sums); an output's arithmetic is the same in any tile
     if (a.rows <= CT_B) {
-      for (int q0 = r0; q0 < r1; q0 += RT_B) run(q0, lp_min(r1, q0 + RT_B));
+      for (int q0 = r0; q0 < r1; q0 += RT_B1) run(std::integral_constant<int, RT_B1>{}, q0, lp_min(r1, q0 + RT_B1));
     } else {
-      run(r0, r1);
+      run(std::integral_constant<int, RT_B>{}, r0, r1);
     }
   }
 }

@@ -88,9 +88,9 @@ inline void put_scales(UnpackedB& u, int row, int sb, const int (&sc)[16], const
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256((__m256i*)p, v); }
 
 // The Q4_K / Q5_K / Q6_K rows prefetch each super-block AHEAD_ROWS rows on as they unpack it: one-row
-// decode unpacks a tile (matmul.h RT_B rows) at a time, and the blocks of the next tile's rows are too
-// many streams for the hardware prefetcher (measured 12-16% faster with 2 threads).
-constexpr int AHEAD_ROWS = 2;
+// decode unpacks a tile (matmul.h RT_B1 = AHEAD_ROWS rows) at a time, and the blocks of the next tile's
+// rows are too many streams for the hardware prefetcher (measured 12-16% faster with 2 threads).
+constexpr int AHEAD_ROWS = 4;
 template <int BYTES> inline void prefetch_block(const void* p) {
   for (int i = 0; i < BYTES; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T0);
 }
