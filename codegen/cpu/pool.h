@@ -5,9 +5,9 @@
 // claims it next, and returns when all are done. Results never depend on which thread ran a task: a
 // kernel's tasks write disjoint outputs, and any combination across tasks is done afterwards in task
 // order. A launch is a ticket (generation, task count, next task) in one atomic word; threads claim
-// tasks by compare-and-swap on it, so a worker that wakes late (on a shared machine the OS may not run
-// it for milliseconds) can only claim tasks of the launch it saw, and the caller waits for the tasks to
-// be done, never for a worker that has none. Between launches the workers spin for a short while (a
+// runs of tasks by compare-and-swap on it, so a worker that wakes late (on a shared machine the OS may
+// not run it for milliseconds) can only claim tasks of the launch it saw, and the caller waits for the
+// tasks to be done, never for a worker that has none. Between launches the workers spin for a short while (a
 // decode step is hundreds of launches a few microseconds apart), then sleep on a condition variable.
 #pragma once
 #include <algorithm>
@@ -63,13 +63,18 @@ class Pool {
   static uint64_t pack(uint64_t gen, uint64_t tasks, uint64_t next) { return gen << 40 | tasks << 20 | next; }
   static uint64_t gen_of(uint64_t t) { return t >> 40; }
 
-  // run the tasks of launch `gen` that nobody has claimed yet
+  // run the tasks of launch `gen` that nobody has claimed yet, a run of them per claim: an eighth of
+  // what is left per thread (the two atomics bounce between cores, ~0.1-0.2 us each, against ~1 us for
+  // a decode task; the head has 16k tasks), so the runs shrink towards the end and the threads still
+  // finish together
   void claim(uint64_t gen) {
+    const uint64_t share = 8 * (uint64_t)threads();
     uint64_t t = ticket_.load(std::memory_order_acquire);
     while (gen_of(t) == gen && (t & FIELD) < (t >> 20 & FIELD)) {
-      if (!ticket_.compare_exchange_weak(t, t + 1, std::memory_order_acq_rel)) continue;
-      fn_(ctx_, (int)(t & FIELD));
-      done_.fetch_add(1, std::memory_order_release);
+      const uint64_t next = t & FIELD, run = std::max<uint64_t>(1, ((t >> 20 & FIELD) - next) / share);
+      if (!ticket_.compare_exchange_weak(t, t + run, std::memory_order_acq_rel)) continue;
+      for (uint64_t i = 0; i < run; ++i) fn_(ctx_, (int)(next + i));
+      done_.fetch_add((int)run, std::memory_order_release);
       t = ticket_.load(std::memory_order_acquire);
     }
   }

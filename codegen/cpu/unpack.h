@@ -86,6 +86,14 @@ inline void put_scales(UnpackedB& u, int row, int sb, const int (&sc)[16], const
 }
 
 inline void store32(void* p, __m256i v) { _mm256_storeu_si256((__m256i*)p, v); }
+
+// The Q4_K / Q5_K / Q6_K rows prefetch each super-block AHEAD_ROWS rows on as they unpack it: one-row
+// decode unpacks a tile (matmul.h RT_B1 = AHEAD_ROWS rows) at a time, and the blocks of the next tile's
+// rows are too many streams for the hardware prefetcher (measured 12-16% faster with 2 threads).
+constexpr int AHEAD_ROWS = 4;
+template <int BYTES> inline void prefetch_block(const void* p) {
+  for (int i = 0; i < BYTES; i += 64) _mm_prefetch((const char*)p + i, _MM_HINT_T0);
+}
 inline __m256i bytes(int v) { return _mm256_set1_epi8((char)v); }
 
 // byte j of the result is 0xFF where bit j of x is set
@@ -115,8 +123,11 @@ template <> struct Unpack<LP_FMT_Q8_0> {
   static float d(const W& w, size_t blk) { return lp_h2f(w.d[blk]); }
   static float m(const W&, size_t) { return 0.0f; }
 #if LP_CPU_ISA >= 2
+  // pair(): blocks blk and blk + 1 as unsigned bytes, each value + BIAS (the sign bit flipped)
+  static constexpr int BIAS = 128;
   static __m512i pair(const W& w, size_t blk) {
-    return _mm512_inserti64x4(_mm512_castsi256_si512(block(w, blk)), block(w, blk + 1), 1);
+    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(block(w, blk)), block(w, blk + 1), 1);
+    return _mm512_xor_si512(q, _mm512_set1_epi8((char)0x80));
   }
 #endif
   static void row(const W& w, int row, UnpackedA& u);
@@ -136,8 +147,10 @@ template <bool HI, bool MN> struct Unpack32 {
   static float d(const W& w, size_t blk) { return lp_h2f(w.d[blk]); }
   static float m(const W& w, size_t blk) { return MN ? lp_h2f(w.m[blk]) : 0.0f; }
 #if LP_CPU_ISA >= 2
-  // blocks blk and blk + 1 (their values 0..31 in bytes 0..31 and 32..63), as block() gives them: the
-  // nibbles of each block's 16 bytes split by a variable shift, the high bits through a 64-bit mask
+  // blocks blk and blk + 1 (their values 0..31 in bytes 0..31 and 32..63) as unsigned bytes, each value
+  // + BIAS (the stored integer before the offset): the nibbles of each block's 16 bytes split by a
+  // variable shift, the high bits through a 64-bit mask
+  static constexpr int BIAS = W::OFFSET;
   static __m512i pair(const W& w, size_t blk) {
     constexpr long long F4 = 0x0004000400040004;  // shift the 16-bit lanes of 128-bit lanes 1 and 3 by 4
     const __m128i q0 = _mm_loadu_si128((const __m128i*)w.qs.at(blk)), q1 = _mm_loadu_si128((const __m128i*)w.qs.at(blk + 1));
@@ -145,10 +158,7 @@ template <bool HI, bool MN> struct Unpack32 {
     __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, _mm512_set_epi64(F4, F4, 0, 0, F4, F4, 0, 0)), _mm512_set1_epi8(0xF));
     if constexpr (HI) {
       const __mmask64 hi = (uint64_t)w.qh[blk] | (uint64_t)w.qh[blk + 1] << 32;
-      v = W::OFFSET ? _mm512_mask_sub_epi8(v, ~hi, v, _mm512_set1_epi8(W::OFFSET))   // high bit set: q - 16 = nibble
-                    : _mm512_mask_add_epi8(v, hi, v, _mm512_set1_epi8(0x10));
-    } else if constexpr (W::OFFSET != 0) {
-      v = _mm512_sub_epi8(v, _mm512_set1_epi8(W::OFFSET));
+      v = _mm512_mask_add_epi8(v, hi, v, _mm512_set1_epi8(0x10));
     }
     return v;
   }
@@ -231,6 +241,7 @@ template <bool Q5> struct UnpackK45 {
   static void row(const LpWeightK45<Q5, LP_BLOCKS>& w, int row, UnpackedB& u) {
     for (int sb = 0; sb < w.nb; ++sb) {
       const size_t blk = (size_t)row * w.nb + sb;
+      prefetch_block<LpWeightK45<Q5, LP_BLOCKS>::BYTES>(w.d.at(blk + AHEAD_ROWS * w.nb));  // d: the block's first field
       const uint8_t* qs = w.qs.at(blk);
       uint8_t* o = u.u(row) + 256 * sb;
       const __m256i qh = Q5 ? load32(w.qh.at(blk)) : _mm256_setzero_si256();
@@ -263,6 +274,7 @@ template <> struct Unpack<LP_FMT_Q6_K> {
   static void row(const LpWeight<LP_FMT_Q6_K, LP_BLOCKS>& w, int row, UnpackedB& u) {
     for (int sb = 0; sb < w.nb; ++sb) {
       const size_t blk = (size_t)row * w.nb + sb;
+      prefetch_block<LpWeight<LP_FMT_Q6_K, LP_BLOCKS>::BYTES>(w.ql.at(blk + AHEAD_ROWS * w.nb));  // ql: the first field
       const uint8_t* ql = w.ql.at(blk);
       const uint8_t* qh = w.qh.at(blk);
       uint8_t* o = u.u(row) + 256 * sb;
