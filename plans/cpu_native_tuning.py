@@ -17,7 +17,6 @@ and as its kernel calls' last argument (task_rows, the last parameter of both fa
 from __future__ import annotations
 
 import hashlib
-import math
 import zlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +26,11 @@ import numpy as np
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families.matmul import DEFAULT_TASK_ROWS, TASK_ROWS
-from llmplan.core.formats import ACTIVATION_FORMATS, dequantize, planes
+from llmplan.core.formats import dequantize
 from llmplan.models.gguf import GGUFFile
 
 from . import cpu_tuning
-from .probes import Verdict, measure
+from .probes import Verdict, measure, random_operand
 
 
 @dataclass(frozen=True)
@@ -59,25 +58,6 @@ class Shape:
     def key(self) -> str:
         p = self.projection
         return f"cpu:{self.kernel}:k{p.k}:n{'+'.join(map(str, p.ns))}:rows{p.rows}"
-
-
-def _activation(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """A buffer of random values: floats, or a packed activation's field planes (small positive scales,
-    random 8-bit values and their sums)."""
-    if dtype == "f32":
-        return rng.standard_normal(shape).astype(np.float32)
-    if dtype == "i32":
-        return np.zeros(shape, np.int32)
-    if dtype == "f16":
-        return rng.standard_normal(shape).astype(np.float16)
-    fmt = ACTIVATION_FORMATS[dtype.upper()]
-    ps, size = planes(fmt, math.prod(shape[:-1]), shape[-1])
-    buf = np.zeros(size, np.uint8)
-    for p in ps:
-        view = buf[p.offset:p.offset + p.nbytes].view(p.dtype)
-        view[...] = (rng.integers(-100, 100, view.size) if view.dtype.kind == "i"
-                     else rng.uniform(0.001, 0.01, view.size))
-    return buf
 
 
 class NativeTasks:
@@ -127,7 +107,7 @@ class NativeTasks:
             if "buf" in ref:
                 b = phase["buffers"][ref["buf"]]
                 shp = tuple(x if isinstance(x, int) else dims[x] for x in b["shape"])
-                return arrays.setdefault(f"buf{ref['buf']}", _activation(b["dtype"], shp, rng))
+                return arrays.setdefault(f"buf{ref['buf']}", random_operand(b["dtype"], shp, rng))
             if ref.get("layout") == "blocks":
                 return self.file.tensor_bytes(ref["weight"])
             t = self.file.tensors[ref["weight"]]

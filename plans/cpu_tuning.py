@@ -223,8 +223,7 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
     for d, cands in tqdm(todo, desc="probing", unit="decision", disable=None, file=sys.stderr):
         v = kind.probe(d, cands, round_seconds or probes.ROUND_SECONDS)
         entry = record(v, device.tune_key, d.key, bid)
-        eid = store.save(entry) if store.enabled else TuneStore.entry_id(device.tune_key, d.key, bid)
-        _take(d, eid, entry, cands)
+        _take(d, store.save(entry), entry, cands)
         d.probed = True
     for d in decisions.values():
         for launch in d.launches:

@@ -68,8 +68,8 @@ def decisions(phases: dict[str, dict[str, Any]], table, device: DeviceFacts) -> 
 
 
 def keep(d: GpuDecision, v: Verdict, device: DeviceFacts, store: TuneStore) -> None:
-    """Record a decision's verdict in the store (its id, even with the store off)."""
+    """Record a decision's verdict in the store (its id, even with the store off: TuneStore.save)."""
     entry = record(v, device.tune_key, d.key, d.build_id)
     d.verdict = v
-    d.entry = store.save(entry) if store.enabled else TuneStore.entry_id(device.tune_key, d.key, d.build_id)
+    d.entry = store.save(entry)
     d.provenance = provenance(d.entry, entry)

@@ -16,7 +16,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from llmplan.core.errors import InputError
+from llmplan.core.formats import ACTIVATION_FORMATS, planes, value_bytes
 
 from .tune_store import ENTRY_FORMAT
 
@@ -97,3 +100,23 @@ def provenance(entry_id: str, entry: dict[str, Any]) -> str:
     if entry["winner"] == entry["default"]:
         return f"measured: entry {entry_id}, the default is fastest, lead {lead}"
     return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"
+
+
+def random_operand(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
+    """Finite random contents of a probe's buffer, as bytes: floats in [-1, 1); a packed activation's
+    quantized fields and small scales (not each other's sums: every candidate reads the same bytes, which
+    is all a comparison needs); integers small. The CPU and GPU probes' operands both come from here."""
+    nbytes = value_bytes(dtype, shape)
+    if dtype.upper() in ACTIVATION_FORMATS:
+        out = np.zeros(nbytes, np.uint8)
+        ps, _ = planes(ACTIVATION_FORMATS[dtype.upper()], math.prod(shape[:-1]), shape[-1])
+        for p in ps:
+            n = p.nbytes // np.dtype(p.dtype).itemsize
+            vals = rng.uniform(0.001, 0.02, n) if np.dtype(p.dtype).kind == "f" else rng.integers(-100, 100, n)
+            out[p.offset:p.offset + p.nbytes] = vals.astype(p.dtype).view(np.uint8)
+        return out
+    kinds = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
+    if dtype in kinds:
+        vals = rng.uniform(-1, 1, math.prod(shape)) if dtype != "i32" else rng.integers(0, 4, math.prod(shape))
+        return vals.astype(kinds[dtype]).view(np.uint8)
+    return rng.integers(0, 256, nbytes, dtype=np.uint8)

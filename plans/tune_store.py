@@ -104,10 +104,12 @@ class TuneStore:
         return Lookup(eid, json.loads(raw), "")
 
     def save(self, entry: dict[str, Any]) -> str:
-        """Write `entry` atomically (temporary file, then rename); returns its id."""
-        assert self.root is not None and not _invalid(json.dumps(entry).encode(), entry["device_key"],
-                                                      entry["decision_key"], entry["build_id"])
+        """Write `entry` atomically (temporary file, then rename); returns its id. With the store off
+        nothing is written and the id is the one the entry would have."""
+        assert not _invalid(json.dumps(entry).encode(), entry["device_key"], entry["decision_key"], entry["build_id"])
         eid = self.entry_id(entry["device_key"], entry["decision_key"], entry["build_id"])
+        if self.root is None:
+            return eid
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{eid}.", suffix=".tmp")
         try:

@@ -6,41 +6,20 @@ call synchronized so device time counts."""
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Any
 
 import numpy as np
 
 from llmplan.core import layouts
-from llmplan.core.formats import ACTIVATION_FORMATS, planes, value_bytes
+from llmplan.core.formats import value_bytes
 from llmplan.models.gguf import GGUFFile
 from llmplan.plans.gpu_tuning import GpuDecision
-from llmplan.plans.probes import Verdict, measure
+from llmplan.plans.probes import Verdict, measure, random_operand
 
 from .driver import Call, Driver, Region, Scalar
 
 ORDER_NMSE = 5e-4  # DESIGN.md: accumulation-order-sensitive kernels
-
-
-def random_bytes(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Finite random contents of a buffer: floats in [-1, 1); a packed activation's quantized fields and
-    small scales (not each other's sums: every candidate reads the same bytes, which is all a comparison
-    needs); integers small."""
-    nbytes = value_bytes(dtype, shape)
-    if dtype.upper() in ACTIVATION_FORMATS:
-        out = np.zeros(nbytes, np.uint8)
-        ps, _ = planes(ACTIVATION_FORMATS[dtype.upper()], math.prod(shape[:-1]), shape[-1])
-        for p in ps:
-            n = p.nbytes // np.dtype(p.dtype).itemsize
-            vals = rng.uniform(0.001, 0.02, n) if np.dtype(p.dtype).kind == "f" else rng.integers(-100, 100, n)
-            out[p.offset:p.offset + p.nbytes] = vals.astype(p.dtype).view(np.uint8)
-        return out
-    kinds = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
-    if dtype in kinds:
-        vals = rng.uniform(-1, 1, math.prod(shape)) if dtype != "i32" else rng.integers(0, 4, math.prod(shape))
-        return vals.astype(kinds[dtype]).view(np.uint8)
-    return rng.integers(0, 256, nbytes, dtype=np.uint8)
 
 
 class ProbeRunner:
@@ -69,7 +48,7 @@ class ProbeRunner:
         outs = [buffers[("buf", r["buf"])] for r in d.launch["outs"]]
         # every check starts the outputs from the same contents (matmul_residual adds into its output; a
         # member that leaves part unwritten then differs from the default there)
-        initial = {id(r): random_bytes(r.dtype, r.shape, rng) for r in outs}
+        initial = {id(r): random_operand(r.dtype, r.shape, rng) for r in outs}
         calls = {name: [self._call(name, ln, buffers, d.dims) for ln in lns] for name, lns in d.candidates.items()}
 
         def runner(name: str):
@@ -110,7 +89,7 @@ class ProbeRunner:
                     if "buf" in ref and ("buf", ref["buf"]) not in out:
                         b = d.buffers[ref["buf"]]
                         shape = tuple(s if isinstance(s, int) else d.dims[s] for s in b["shape"])
-                        data = random_bytes(b["dtype"], shape, rng)
+                        data = random_operand(b["dtype"], shape, rng)
                         out[("buf", ref["buf"])] = Region(self.driver.put(data), 0, data.nbytes, b["dtype"], shape)
                     elif "scratch" in ref and ("scratch", name, ref["scratch"]) not in out:  # shared by a member's launches
                         shape = tuple(s if isinstance(s, int) else d.dims[s] for s in ref["shape"])
