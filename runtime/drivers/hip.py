@@ -85,7 +85,7 @@ class HipDriver(StreamDriver):
         return (name.decode() if isinstance(name, bytes) else name).split(":")[0]  # gfx1100:sramecc+:xnack-
 
     def load_module(self, binary: bytes) -> Any:
-        self.binary = binary
+        self.binary = binary  # alive as long as the module: hipModuleLoadData takes a pointer and promises no copy
         return self.api.hipModuleLoadData(binary)
 
     def function(self, module: Any, name: str) -> Any:
