@@ -18,9 +18,8 @@
 //     avx2, 512-bit integer engines on avx512), activation rows in the outer loop so a tile's
 //     activations stay in L1. With more activation rows than one tile holds, a task first unpacks its
 //     weight rows into a thread-local scratch (unpack.h: whole-byte values and plain scales, one pass
-//     over the weight bytes) that every tile reuses; with fewer (decode), the 32-value formats' tiles
-//     decode the blocks as they read them, and the K-quants unpack one tile's weight rows at a time (a
-//     scratch that stays in L1). All give a tile the same integers and floats.
+//     over the weight bytes) that every tile reuses; with fewer (decode), the tiles decode the blocks
+//     as they read them, through the same decoders. Both give a tile the same integers and floats.
 // In every path an output's operations and their order depend only on its weight row and activation
 // row: never on the row count, the tile it falls in, or the thread. A row's result is the same batched
 // or alone.
@@ -135,7 +134,7 @@ constexpr int RT_A = 4, CT_A = 4, RT_B = 2, CT_B = 4, RT_V = 4, CT_V = 4;
 #else
 constexpr int RT_A = 2, CT_A = 3, RT_B = 2, CT_B = 2, RT_V = 2, CT_V = 3;
 #endif
-constexpr int RT_B1 = AHEAD_ROWS;  // engine B's tile rows with a few activation rows (unpack.h prefetches for it)
+constexpr int RT_B1 = 4;  // engine B's tile rows with a few activation rows
 
 #if LP_CPU_ISA >= 2
 inline float hsum16(__m512 v) {
@@ -233,50 +232,91 @@ inline void tile_a(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT]
     for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]) + macc[r][c];
 }
 
+// Where engine B's tiles read a super-block's head and values: the task's unpacked rows (many activation
+// rows), or the blocks, decoded as a tile reads them (a few: one tile per weight row), prefetching the
+// same super-block RT rows on, which the next tile reads. The same integers and floats either way.
+struct FromUnpackedB {
+  static constexpr bool AHEAD = false;
+  const UnpackedB& u;
+  KHead head(int row, int sb) const {
+    return KHead{load32(u.sc(row) + 16 * sb), load32(u.aux(row) + 16 * sb), u.d(row)[sb], u.da(row)[sb]};
+  }
+  __m256i q32(int row, int sb, int g) const { return load32(u.u(row) + 256 * sb + 32 * g); }
+#if LP_CPU_ISA >= 2
+  __m512i q64(int row, int sb, int g) const { return _mm512_loadu_si512(u.u(row) + 256 * sb + 64 * g); }
+#endif
+};
+template <int F> struct FromBlocksB {
+  static constexpr bool AHEAD = true;
+  const LpWeight<F, LP_BLOCKS>& w;
+  size_t at(int row, int sb) const { return (size_t)row * w.nb + sb; }
+  void ahead(int row, int sb) const { prefetch_block<LpWeight<F, LP_BLOCKS>::BYTES>(Unpack<F>::first(w, at(row, sb))); }
+  KHead head(int row, int sb) const { return Unpack<F>::head(w, at(row, sb)); }
+  __m256i q32(int row, int sb, int g) const { return Unpack<F>::q32(w, at(row, sb), g); }
+#if LP_CPU_ISA >= 2
+  __m512i q64(int row, int sb, int g) const { return Unpack<F>::q64(w, at(row, sb), g); }
+#endif
+};
+
+// the int16 scales of values 32g .. 32g + 31 as vpmaddwd pairs: 8 copies of sub-block 2g's, 8 of 2g + 1's
+inline __m256i scales32(__m256i sc, int g) {
+  const __m256i pair = _mm256_permutevar8x32_epi32(sc, _mm256_set1_epi32(g));
+  return _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3,
+                                                    2, 3, 2, 3, 2, 3, 2, 3));
+}
+
 // Engine B (K-quants): per super-block, int32 lanes of sum_j sc_j * (u_j . x_j) over the 16-value
 // sub-blocks j (unsigned values u, scales pairwise through vpmaddwd / vpdpwssd), and of
 // sum_j aux_j * bsum_j (aux: the offset times the scale, OFF formats, scaled by d; or the min, MIN
-// formats, scaled by dmin); then d * dk and da * dk applied in 8 float lanes, summed last.
-template <bool MIN, int RT, int CT>
-inline void tile_b(const UnpackedB& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+// formats, scaled by dmin); then d * dk and da * dk applied in 8 float lanes, summed last. Lane l's
+// integers are those of the values 4l .. 4l + 3 of every 32, however they are grouped into vectors.
+template <bool MIN, int RT, int CT> inline void apply_b(const KHead (&h)[RT], const __m256i (&is)[RT][CT], const Acts& a,
+                                                         int c0, int sb, __m256 (&acc)[RT][CT]) {
+  const int nsb = a.k / 256;
+  for (int c = 0; c < CT; ++c) {
+    const size_t xc = (size_t)(c0 + c);
+    const __m256i bs = load32(a.bsums + xc * (a.k / 16) + 16 * sb);
+    const float dk = a.d[xc * nsb + sb];
+    for (int r = 0; r < RT; ++r) {
+      const __m256i m = _mm256_madd_epi16(h[r].aux, bs);
+      const float d = h[r].d * dk;
+      if constexpr (MIN) {
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[r][c]), _mm256_set1_ps(d), acc[r][c]);
+        acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(h[r].da * dk), acc[r][c]);
+      } else {
+        acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is[r][c], m)), _mm256_set1_ps(d), acc[r][c]);
+      }
+    }
+  }
+}
+
+template <bool MIN, int RT, int CT, class Src>
+inline void tile_b(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
   const int nsb = a.k / 256;
   __m256 acc[RT][CT];
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int sb = 0; sb < nsb; ++sb) {
+    KHead h[RT];
     __m256i isum[RT][CT];
-    for (int r = 0; r < RT; ++r)
+    for (int r = 0; r < RT; ++r) {
+      if constexpr (Src::AHEAD) u.ahead(r0 + r + RT, sb);
+      h[r] = u.head(r0 + r, sb);
       for (int c = 0; c < CT; ++c) isum[r][c] = _mm256_setzero_si256();
+    }
+#pragma unroll
     for (int g = 0; g < 8; ++g) {
-      const int at = 256 * sb + 32 * g;
       __m256i w[RT], sc[RT];
       for (int r = 0; r < RT; ++r) {
-        w[r] = load32(u.u(r0 + r) + at);
-        sc[r] = load32(u.scx(r0 + r) + at / 2);
+        w[r] = u.q32(r0 + r, sb, g);
+        sc[r] = scales32(h[r].sc, g);
       }
       for (int c = 0; c < CT; ++c) {
-        const __m256i xv = load32(a.qs + (size_t)(c0 + c) * a.k + at);
+        const __m256i xv = load32(a.qs + (size_t)(c0 + c) * a.k + 256 * sb + 32 * g);
         for (int r = 0; r < RT; ++r) isum[r][c] = dot_scaled(isum[r][c], w[r], xv, sc[r]);
       }
     }
-    __m256i aux[RT];
-    for (int r = 0; r < RT; ++r) aux[r] = load32(u.aux(r0 + r) + 16 * sb);
-    for (int c = 0; c < CT; ++c) {
-      const size_t xc = (size_t)(c0 + c);
-      const __m256i bs = load32(a.bsums + xc * (a.k / 16) + 16 * sb);
-      const float dk = a.d[xc * nsb + sb];
-      for (int r = 0; r < RT; ++r) {
-        const __m256i m = _mm256_madd_epi16(aux[r], bs);
-        const float d = u.d(r0 + r)[sb] * dk;
-        if constexpr (MIN) {
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r][c]), _mm256_set1_ps(d), acc[r][c]);
-          acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(u.da(r0 + r)[sb] * dk), acc[r][c]);
-        } else {
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(isum[r][c], m)), _mm256_set1_ps(d),
-                                      acc[r][c]);
-        }
-      }
-    }
+    apply_b<MIN>(h, isum, a, c0, sb, acc);
   }
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]);
@@ -338,46 +378,44 @@ inline void tile_a512(const Src& u, int r0, const Acts& a, int c0, float (&out)[
     for (int c = 0; c < CT; ++c) out[r][c] = hsum16(acc[r][c]) + last[r][c] + macc[r][c];
 }
 
-template <bool MIN, int RT, int CT>
-inline void tile_b512(const UnpackedB& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
+// the int16 scales of values 64g .. 64g + 63 as vpdpwssd pairs: 8 copies each of sub-blocks 4g .. 4g + 3's
+inline __m512i scales64(__m256i sc, int g) {
+  const __m512i quarter = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0,
+                                           0, 0, 0, 0);
+  return _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(4 * g))), _mm512_castsi256_si512(sc));
+}
+
+template <bool MIN, int RT, int CT, class Src>
+inline void tile_b512(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
   const int nsb = a.k / 256;
   __m256 acc[RT][CT];
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < CT; ++c) acc[r][c] = _mm256_setzero_ps();
   for (int sb = 0; sb < nsb; ++sb) {
+    KHead h[RT];
     __m512i isum[RT][CT];
-    for (int r = 0; r < RT; ++r)
+    for (int r = 0; r < RT; ++r) {
+      if constexpr (Src::AHEAD) u.ahead(r0 + r + RT, sb);
+      h[r] = u.head(r0 + r, sb);
       for (int c = 0; c < CT; ++c) isum[r][c] = _mm512_setzero_si512();
+    }
+#pragma unroll
     for (int g = 0; g < 4; ++g) {
-      const int at = 256 * sb + 64 * g;
       __m512i w[RT], sc[RT];
       for (int r = 0; r < RT; ++r) {
-        w[r] = _mm512_loadu_si512(u.u(r0 + r) + at);
-        sc[r] = _mm512_loadu_si512(u.scx(r0 + r) + at / 2);
+        w[r] = u.q64(r0 + r, sb, g);
+        sc[r] = scales64(h[r].sc, g);
       }
       for (int c = 0; c < CT; ++c) {
-        const __m512i xv = _mm512_loadu_si512(a.qs + (size_t)(c0 + c) * a.k + at);
+        const __m512i xv = _mm512_loadu_si512(a.qs + (size_t)(c0 + c) * a.k + 256 * sb + 64 * g);
         for (int r = 0; r < RT; ++r) isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(w[r], xv), sc[r]);
       }
     }
-    __m256i aux[RT];
-    for (int r = 0; r < RT; ++r) aux[r] = load32(u.aux(r0 + r) + 16 * sb);
-    for (int c = 0; c < CT; ++c) {
-      const size_t xc = (size_t)(c0 + c);
-      const __m256i bs = load32(a.bsums + xc * (a.k / 16) + 16 * sb);
-      const float dk = a.d[xc * nsb + sb];
-      for (int r = 0; r < RT; ++r) {
-        const __m256i is = _mm256_add_epi32(_mm512_castsi512_si256(isum[r][c]), _mm512_extracti64x4_epi64(isum[r][c], 1));
-        const __m256i m = _mm256_madd_epi16(aux[r], bs);
-        const float d = u.d(r0 + r)[sb] * dk;
-        if constexpr (MIN) {
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is), _mm256_set1_ps(d), acc[r][c]);
-          acc[r][c] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(u.da(r0 + r)[sb] * dk), acc[r][c]);
-        } else {
-          acc[r][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(is, m)), _mm256_set1_ps(d), acc[r][c]);
-        }
-      }
-    }
+    __m256i is[RT][CT];  // lanes l and l + 8 hold the same 4 of every 32 values
+    for (int r = 0; r < RT; ++r)
+      for (int c = 0; c < CT; ++c)
+        is[r][c] = _mm256_add_epi32(_mm512_castsi512_si256(isum[r][c]), _mm512_extracti64x4_epi64(isum[r][c], 1));
+    apply_b<MIN>(h, is, a, c0, sb, acc);
   }
   for (int r = 0; r < RT; ++r)
     for (int c = 0; c < CT; ++c) out[r][c] = hsum8(acc[r][c]);
@@ -467,26 +505,21 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
     for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
     run(FromUnpacked<Unpack<F>::SIGNED>{u});
   } else {
-    static thread_local UnpackedB u;
-    auto run = [&]<int TR>(std::integral_constant<int, TR>, int q0, int q1) {  // tiles of TR weight rows
-      u.reset(q0, q1, a.k);
-      for (int row = q0; row < q1; ++row) Unpack<F>::row(w, row, u);
-      tiles<TR, CT_B>(q0, q1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
+    auto run = [&](const auto& src, auto rt) {
+      tiles<decltype(rt)::value, CT_B>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
 #if LP_CPU_ISA >= 2
-        tile_b512<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+        tile_b512<Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
 #else
-        tile_b<Unpack<F>::MIN, RT, CT>(u, rr, a, c0, v);
+        tile_b<Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
 #endif
       }, out);
     };
-    // a few activation rows (one tile per weight row): unpack a tile's rows at a time, so the scratch
-    // stays in L1 (a task's rows of a 2048-long row are 64 KiB), in taller tiles (RT_B1: more
-    // independent sums); an output's arithmetic is the same in any tile
-    if (a.rows <= CT_B) {
-      for (int q0 = r0; q0 < r1; q0 += RT_B1) run(std::integral_constant<int, RT_B1>{}, q0, lp_min(r1, q0 + RT_B1));
-    } else {
-      run(std::integral_constant<int, RT_B>{}, r0, r1);
-    }
+    // one tile per weight row: decode as read, in taller tiles (RT_B1: more independent sums)
+    if (a.rows <= CT_B) return run(FromBlocksB<F>{w}, std::integral_constant<int, RT_B1>{});
+    static thread_local UnpackedB u;
+    u.reset(r0, r1, a.k);
+    for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
+    run(FromUnpackedB{u}, std::integral_constant<int, RT_B>{});
   }
 }
 #endif
