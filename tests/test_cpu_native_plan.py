@@ -115,6 +115,19 @@ def test_the_library_is_built_once_and_threads_reach_its_pool(tmp_path_factory):
 
 
 @needs_compiler
+def test_a_replayed_decode_step_is_one_native_call_and_changes_no_bit(tmp_path_factory):
+    """The cpu driver records a decode step's compiled kernels as one native call (codegen/cpu/graph.h):
+    replayed steps give the direct launches' logits bit for bit."""
+    plan = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1]).plan_path
+    direct, replayed = Engine.load(plan, replay=False), Engine.load(plan)
+    ids = direct.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+    (want_ids, want_rows), (got_ids, got_rows) = _greedy(direct, ids, 6), _greedy(replayed, ids, 6)
+    assert got_ids == want_ids and all(np.array_equal(g, w) for g, w in zip(got_rows, want_rows))
+    buckets = [b for b in replayed.executor.buckets.values() if b.graph is not None]
+    assert sum(b.steps for b in buckets) >= 3 and all(len(b.graph.steps) == 1 for b in buckets)
+
+
+@needs_compiler
 @pytest.mark.skipif(len(ISAS) < 2, reason="this machine runs the scalar path only")
 def test_a_plan_for_a_simd_path_this_machine_lacks_asks_to_be_recompiled(tmp_path_factory, monkeypatch):
     engine = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1])

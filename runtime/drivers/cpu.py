@@ -17,8 +17,8 @@ from llmplan.core.errors import InputError
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, planes
 
 from ..cpu_kernels import KERNELS, MappedRows, Packed
-from ..driver import Call, Region, Scalar
-from .host import HostDriver, raw, typed
+from ..driver import Call, Graph, Region, Scalar
+from .host import HostDriver, HostGraph, raw, typed
 
 PREFIX = "numpy."
 # One thread pool per loaded library, shared by every engine of the process that loads it (a library is
@@ -70,17 +70,37 @@ class CpuDriver(HostDriver):
         outs, ins, op, attrs = views[:call.outs], views[call.outs:], call.op, call.attrs
         return lambda: fn(op, attrs, outs, *ins)
 
-    def _native(self, call: Call) -> Callable[[], None]:
-        """The entry point with its arguments bound: region addresses and scalar values, fixed from here on."""
-        fn, types = self.lib.entry(call.name)
+    def _values(self, call: Call) -> tuple:
+        """The call's arguments as the entry point takes them: region addresses and scalar values."""
+        _, types = self.lib.entry(call.name)
         if len(types) != len(call.args):
             raise InputError(f"kernel {call.name}: {len(call.args)} arguments for {len(types)} parameters")
-        values = tuple(a.value if isinstance(a, Scalar) else a.buffer.ctypes.data + a.offset for a in call.args)
-        buffers = [a.buffer for a in call.args if isinstance(a, Region)]
+        return tuple(a.value if isinstance(a, Scalar) else a.buffer.ctypes.data + a.offset for a in call.args)
+
+    def _native(self, call: Call) -> Callable[[], None]:
+        """The entry point with its arguments bound, fixed from here on."""
+        fn, values = self.lib.entry(call.name)[0], self._values(call)
 
         def run() -> None:
             with _POOL:
                 fn(*values)
 
-        run.keep = buffers  # the memory the addresses point into lives as long as the call
+        run.keep = _buffers([call])  # the memory the addresses point into lives as long as the call
         return run
+
+    def record(self, calls: list[Call]) -> Graph:
+        """A step of compiled kernels as one native call (graph.h); the NumPy twins as a list of calls."""
+        if self.lib is None or any(c.name.startswith(PREFIX) for c in calls):
+            return super().record(calls)
+        replay = self.lib.replayer([(c.name, self._values(c)) for c in calls])
+
+        def run() -> None:
+            with _POOL:
+                replay()
+
+        run.keep = (replay, _buffers(calls))
+        return HostGraph([run])
+
+
+def _buffers(calls: list[Call]) -> list:
+    return [a.buffer for c in calls for a in c.args if isinstance(a, Region)]

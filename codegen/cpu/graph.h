@@ -1,0 +1,24 @@
+// graph.h: a recorded step replayed in one call (the CPU's CUDA graph). The runtime's cpu driver records
+// a decode step's kernel calls once: each entry point's `<name>_packed` twin (cpu_build.py render) with
+// its arguments as 64-bit words; lp_cpu_replay then runs them in order without a trip through Python per
+// launch (about 1.5 us of ctypes each, a tenth of a small model's step).
+#pragma once
+#include <stdint.h>
+#include <string.h>
+
+#include "host.h"
+
+typedef void (*lp_packed_fn)(const uint64_t* args);
+
+// a float argument travels as its bits in the word's low half
+inline float lp_word_f32(uint64_t w) {
+  const uint32_t bits = (uint32_t)w;
+  float f;
+  memcpy(&f, &bits, 4);
+  return f;
+}
+
+// call i runs fns[i] on the words args[at[i]] ..
+LP_KERNEL void lp_cpu_replay(int n, const lp_packed_fn* fns, const uint64_t* args, const int* at) {
+  for (int i = 0; i < n; ++i) fns[i](args + at[i]);
+}
