@@ -102,6 +102,17 @@ def provenance(entry_id: str, entry: dict[str, Any]) -> str:
     return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"
 
 
+def disagreement(got: np.ndarray, want: np.ndarray, bound: float) -> str:
+    """Why a candidate's output `got` does not agree with the default's `want` within NMSE `bound`
+    (core/numerics.py; non-finite values must match exactly), or ""."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(w)
+    if not (np.array_equal(g[~fin], w[~fin], equal_nan=True) and np.isfinite(g[fin]).all()):
+        return "non-finite values where the default has none, or the reverse"
+    err = float(((g[fin] - w[fin]) ** 2).sum() / max((w[fin] ** 2).sum(), 1e-30))
+    return f"NMSE {err:.1e} against the default's output (bound {bound:g})" if err >= bound else ""
+
+
 def random_operand(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
     """Finite random contents of a probe's buffer, as bytes: floats in [-1, 1); a packed activation's
     quantized fields and small scales (not each other's sums: every candidate reads the same bytes, which
