@@ -6,7 +6,8 @@ A native launch's kernel call is one C call (grid [1], block 1: the kernel fans 
 library's thread pool); projections, the tail's head and the embedding read their weights in place
 ({"layout": "blocks"}), norm vectors as float32 ({"layout": "f32"}: a few KiB a layer). The section
 holds the host translation unit and its SIMD path, so the driver builds (once, cached by source, flags
-and compiler) exactly what the plan names.
+and compiler) exactly what the plan names. The SIMD path is a tune-store decision (choose_isa), taken
+before the task rows (plans/cpu_native_tuning.py), which are measured on it.
 """
 
 from __future__ import annotations
