@@ -12,6 +12,9 @@ import numpy as np
 
 from .formats import ACTIVATION_FORMATS
 
+# DESIGN.md's kernel-test bounds, NMSE against the reference: exact-arithmetic kernels (packing, integer
+# dots, norms), where only a rounding an ulp moves can differ; accumulation-order-sensitive ones
+EXACT_NMSE, ORDER_NMSE = 1e-7, 5e-4
 
 def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     """x / sqrt(mean(x^2) + eps) * w over groups of len(w) features, in llama.cpp's order: squares in

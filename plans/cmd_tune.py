@@ -4,19 +4,22 @@ would take from the tune store, record the verdicts there, and print them."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tempfile
 import time
 
 from tqdm import tqdm
 
 from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
+from llmplan.runtime import isa_probe
 from llmplan.runtime.driver import driver_for
 from llmplan.runtime.probe_runner import ProbeRunner
 
 from . import gpu_tuning
 from .cmd_compile import add_tune_dir
-from .compile import DEFAULT_CHUNK, choose_cpu_kernels, drop_cached_plans, limits_for, lower_phases
+from .compile import DEFAULT_CHUNK, choose_cpu_kernels, compile_model, drop_cached_plans, limits_for, lower_phases
 from .console import Progress, format_table, print_json
 from .devices import resolve_device
 from .probes import ROUND_SECONDS
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     with progress.phase("probe every decision"):
         if device.backend == "cpu":
             _, decisions, build = choose_cpu_kernels(model, phases, table, device, store, measure_all=True,
-                                                     round_seconds=args.round_ms / 1000)
+                                                     round_seconds=args.round_ms / 1000,
+                                                     probe_isa=_isa_probe(model, device, args))
             rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
                      "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
         else:
@@ -75,6 +79,17 @@ def run(args: argparse.Namespace) -> int:
         if r["replaced"]:
             print(f"replaced entry {r['entry']} ({r['replaced']})")
     return 0
+
+
+def _isa_probe(model, device, args: argparse.Namespace):
+    """The SIMD-path probe: the plan as compiled without a store (the heuristic's task rows) for the
+    default path, in a temporary file, a decode step of it timed on each path (runtime/isa_probe.py)."""
+    def probe(candidates: list[str], round_seconds: float):
+        with tempfile.TemporaryDirectory() as tmp:
+            plan = os.path.join(tmp, "isa.plan")
+            compile_model(model, device, plan, args.ctx, args.chunk, args.max_seqs, isa=candidates[0])
+            return isa_probe.verdict(plan, candidates, round_seconds)
+    return probe
 
 
 def _tune_gpu(model, phases, table, device, store: TuneStore, round_seconds: float) -> list[dict]:

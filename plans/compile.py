@@ -107,20 +107,22 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
                   isa: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. Measured
     decisions come from the tune store `tune` (none: the heuristics decide). A CPU plan runs the
-    compiled kernels for SIMD path `isa` (default this machine's best) where the C++ compiler is
-    present, else the NumPy twins (plans/cpu_native.py). `progress` shows the phases."""
+    compiled kernels for SIMD path `isa` (default the tune store's, else this machine's best) where the
+    C++ compiler is present, else the NumPy twins (plans/cpu_native.py). `progress` shows the phases."""
     limits = limits_for(model, ctx, chunk, max_seqs)
     store = tune or TuneStore(None)
     phase = progress.phase if progress else lambda what: contextlib.nullcontext()
     with phase(f"trace, fuse and lower {plural(len(PHASES), 'phase')}"):
         phases, texts, declines, table = lower_phases(model, device, limits)
     probed = 0
-    cpu = None
+    cpu, isa_decision = None, {}
     if device.backend == "cpu":
         with phase("choose kernels (probing the decisions the tune store lacks)" if store.probes else
                    "choose kernels"):
             cpu, decisions, _ = choose_cpu_kernels(model, phases, table, device, store, isa)
             probed = sum(d.probed for d in decisions)
+            isa_decision = {d.key: {"member": d.strategy.name, "provenance": d.provenance, "launches": d.phases}
+                            for d in decisions if isinstance(d.strategy, cpu_native.SimdPath)}
     gpu = None
     if device.backend != "cpu":
         with phase(f"choose and build kernels for {device.arch}"):
@@ -153,7 +155,8 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
                     for name, (fmt, shape) in table.items()},
         "declines": declines,
         "kernels": gpu.pop("kernels") if gpu else cpu.pop("kernels"),
-        "tune": {"store": store.describe(), "device_key": device.tune_key, "decisions": tuned_decisions(phases)},
+        "tune": {"store": store.describe(), "device_key": device.tune_key,
+                 "decisions": isa_decision | tuned_decisions(phases)},
     }
     if gpu is not None:
         body["gpu"] = gpu
@@ -173,19 +176,26 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
 
 
 def choose_cpu_kernels(model: Model, phases: dict[str, dict[str, Any]], table, device: DeviceFacts, store: TuneStore,
-                isa: str | None = None, measure_all: bool = False, round_seconds: float | None = None):
-    """A CPU plan's kernels and their measured decisions: the compiled kernels for SIMD path `isa` with
-    their task rows (plans/cpu_native_tuning.py; the plan's library is built here, cached, and probed)
-    where the C++ compiler is, else the NumPy twins with their panels (plans/cpu_tuning.py). Returns
-    (the plan's cpu section and kernel table, the decisions, the build id they were measured on)."""
+                       isa: str | None = None, measure_all: bool = False, round_seconds: float | None = None,
+                       probe_isa=None):
+    """A CPU plan's kernels and their measured decisions: the compiled kernels for SIMD path `isa` (else
+    the tune store's, or the one `probe_isa` measures: plans/cpu_native.choose_isa) with their task rows
+    (plans/cpu_native_tuning.py; the plan's library is built here, cached, and probed) where the C++
+    compiler is, else the NumPy twins with their panels (plans/cpu_tuning.py). Returns (the plan's cpu
+    section and kernel table, the decisions (the SIMD path's first), the build id the task rows were
+    measured on)."""
     if not cpu_build.available():
         return (cpu_native.fallback(), cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds),
                 cpu_tuning.build_id())
-    isa = cpu_native.choose_isa(isa)
-    cpu = cpu_native.lower_native(phases, table, isa)
-    lib = cpu_build.CpuLibrary(cpu["cpu"]["source"], {n: k["params"] for n, k in cpu["kernels"].items()}, isa)
+    kernels = cpu_native.lower_native(phases, table)
+    source = cpu_build.render(list(kernels.values()))
+    isa, why, chosen = cpu_native.choose_isa(isa, model.config.arch, phases, table, source, device, store,
+                                             probe_isa, round_seconds)
+    cpu = cpu_native.section(kernels, source, isa, why)
+    lib = cpu_build.CpuLibrary(source, {n: k["params"] for n, k in cpu["kernels"].items()}, isa)
     kind = cpu_native_tuning.NativeTasks(lib, model.file, phases)
-    return cpu, cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds, kind), kind.build_id()
+    tasks = cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds, kind)
+    return cpu, [chosen] * (chosen is not None) + tasks, kind.build_id()
 
 
 def tuned_decisions(phases: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

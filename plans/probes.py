@@ -1,12 +1,12 @@
 """Probes: time the candidates of one decision and give the verdict the tune store keeps.
 
 Every candidate is first run once and checked against the reference output, so a fast wrong candidate
-never wins (it is recorded as rejected, with the reason). Then five interleaved rounds, each timing
-every candidate once in an order rotated per round (none always goes first, after the same neighbour,
-or into caches another left warm), each timing a fixed number of calls on rotating inputs; the verdict
-compares medians over the rounds. The fastest wins when it leads the documented default by at least
-3%; closer than that is a tie and the default stands (a default that is itself fastest is reported
-with its lead over the next best).
+never wins (it is recorded as rejected, with the reason). Then five interleaved rounds (or as many as
+the caller asks), each timing every candidate once in an order rotated per round (none always goes
+first, after the same neighbour, or into caches another left warm), each timing a fixed number of calls
+on rotating inputs; the verdict compares medians over the rounds. The fastest wins when it leads the
+documented default by at least 3%; closer than that is a tie and the default stands (a default that is
+itself fastest is reported with its lead over the next best).
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ class Verdict:
     lead: float  # winner vs the default (or the default vs the next best, when it wins)
     tie: bool
     calls: int  # per candidate per round
+    rounds: int = ROUNDS
 
 
 def measure(candidates: dict[str, Callable[[int], Any]], check: Callable[[Any], str], default: str,
-            round_seconds: float = ROUND_SECONDS) -> Verdict:
+            round_seconds: float = ROUND_SECONDS, rounds: int = ROUNDS) -> Verdict:
     """`candidates[name](i)` runs one call on input set i (callers rotate their inputs on i) and returns
     its output; `check(output)` says what is wrong with it, or "". `default` is the heuristic's choice."""
     rejected = {}
@@ -60,7 +61,7 @@ def measure(candidates: dict[str, Callable[[int], Any]], check: Callable[[Any], 
     calls = max(1, math.ceil(round_seconds / max(time.perf_counter() - t0, 1e-9)))
     times: dict[str, list[float]] = {n: [] for n in live}
     i = 0
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in live[r % len(live):] + live[:r % len(live)]:
             run = candidates[name]
             t0 = time.perf_counter()
@@ -68,9 +69,9 @@ def measure(candidates: dict[str, Callable[[int], Any]], check: Callable[[Any], 
                 i += 1
                 run(i)
             times[name].append((time.perf_counter() - t0) / calls)
-    medians = {n: sorted(ts)[ROUNDS // 2] for n, ts in times.items()}
+    medians = {n: sorted(ts)[rounds // 2] for n, ts in times.items()}
     winner, lead, tie = decide(medians, default)
-    return Verdict(medians, rejected, default, winner, lead, tie, calls)
+    return Verdict(medians, rejected, default, winner, lead, tie, calls, rounds)
 
 
 def decide(medians: dict[str, float], default: str) -> tuple[str, float, bool]:
@@ -88,7 +89,7 @@ def record(v: Verdict, device_key: str, decision_key: str, build_id: str) -> dic
     """The store entry of a verdict (plans/tune_store.py)."""
     return {"format": ENTRY_FORMAT, "device_key": device_key, "decision_key": decision_key, "build_id": build_id,
             "medians": v.medians, "rejected": v.rejected, "default": v.default, "winner": v.winner, "lead": v.lead,
-            "tie": v.tie, "rounds": ROUNDS, "calls": v.calls,
+            "tie": v.tie, "rounds": v.rounds, "calls": v.calls,
             "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
 
@@ -100,6 +101,17 @@ def provenance(entry_id: str, entry: dict[str, Any]) -> str:
     if entry["winner"] == entry["default"]:
         return f"measured: entry {entry_id}, the default is fastest, lead {lead}"
     return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"
+
+
+def disagreement(got: np.ndarray, want: np.ndarray, bound: float) -> str:
+    """Why a candidate's output `got` does not agree with the default's `want` within NMSE `bound`
+    (core/numerics.py; non-finite values must match exactly), or ""."""
+    g, w = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    fin = np.isfinite(w)
+    if not (np.array_equal(g[~fin], w[~fin], equal_nan=True) and np.isfinite(g[fin]).all()):
+        return "non-finite values where the default has none, or the reverse"
+    err = float(((g[fin] - w[fin]) ** 2).sum() / max((w[fin] ** 2).sum(), 1e-30))
+    return f"NMSE {err:.1e} against the default's output (bound {bound:g})" if err >= bound else ""
 
 
 def random_operand(dtype: str, shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:

@@ -45,7 +45,7 @@ class MappedRows:
         return dequantize(np.ascontiguousarray(table[ids]), self.fmt, (len(ids), -1))
 
 
-def _values(x: np.ndarray | Packed) -> np.ndarray:
+def values(x: np.ndarray | Packed) -> np.ndarray:
     """The float32 values of an activation: 8-bit blocks unpacked, f16 widened, bf16 (held as uint16
     bit patterns) shifted into place."""
     if isinstance(x, Packed):
@@ -94,7 +94,7 @@ def _strategy(a) -> dict[str, int]:
 def matmul(op, a, out, x, *rest):
     """matmul / matmul_segmented / matmul_residual: the same dot products (float32 BLAS on the exactly
     dequantized operands, each row alone: numerics.matmul), with several weights or a residual to add."""
-    xv = _values(x)
+    xv = values(x)
     how = _strategy(a)
     if op == "matmul_residual":
         w, r = rest

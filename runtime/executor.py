@@ -294,7 +294,7 @@ class Executor:
 
     # --- poison mode ----------------------------------------------------------------------------
 
-    def _written(self, phase: str, launch: dict[str, Any], dims: dict[str, int],
+    def written(self, phase: str, launch: dict[str, Any], dims: dict[str, int],
                  state: dict[str, np.ndarray]) -> list[tuple[str, Region]]:
         """(what, region) for every range a launch writes: its outputs, the scratch of its kernel calls
         (which carries values from one call of the launch to the next), and the K/V cells of its rows."""
@@ -319,11 +319,11 @@ class Executor:
         return cells
 
     def _poison(self, phase, launch, dims, state) -> None:
-        for _, r in self._written(phase, launch, dims, state):
+        for _, r in self.written(phase, launch, dims, state):
             self.driver.fill(r, POISON)
 
     def _check(self, phase, launch, dims, state) -> None:
-        for what, r in self._written(phase, launch, dims, state):
+        for what, r in self.written(phase, launch, dims, state):
             bad = _unwritten(r, self.driver.read(r).result())
             if bad:
                 names = ", ".join(k["name"] for k in launch["kernels"])

@@ -13,13 +13,12 @@ import numpy as np
 
 from llmplan.core import layouts
 from llmplan.core.formats import value_bytes
+from llmplan.core.numerics import ORDER_NMSE
 from llmplan.models.gguf import GGUFFile
 from llmplan.plans.gpu_tuning import GpuDecision
-from llmplan.plans.probes import Verdict, measure, random_operand
+from llmplan.plans.probes import Verdict, disagreement, measure, random_operand
 
 from .driver import Call, Driver, Region, Scalar
-
-ORDER_NMSE = 5e-4  # DESIGN.md: accumulation-order-sensitive kernels
 
 
 class ProbeRunner:
@@ -68,15 +67,7 @@ class ProbeRunner:
         want = runner(default)(0)
 
         def check(got: list[np.ndarray]) -> str:
-            for g, w in zip(got, want):
-                g, w = g.astype(np.float64), w.astype(np.float64)
-                if not np.array_equal(np.isfinite(g), np.isfinite(w)):
-                    return "non-finite values where the default has none, or the reverse"
-                fin = np.isfinite(w)
-                err = float(((g[fin] - w[fin]) ** 2).sum() / max((w[fin] ** 2).sum(), 1e-30))
-                if err >= ORDER_NMSE:
-                    return f"NMSE {err:.1e} against the default member's output"
-            return ""
+            return next(filter(None, (disagreement(g, w, ORDER_NMSE) for g, w in zip(got, want))), "")
 
         return measure({name: runner(name) for name in d.candidates}, check, default, round_seconds)
 

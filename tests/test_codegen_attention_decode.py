@@ -210,9 +210,9 @@ def test_reduce_matches_twin(emulators, wave, fmt):
         emulators(wave).launch(l, lambda ref: part if ref["buf"] == 0 else out, symbols)
         want = np.zeros_like(out)
         ck.attention_decode(op, {"format": fmt} if fmt != "f32" else {}, [want], part)
-        got_f = ck._values(out)
+        got_f = ck.values(out)
         assert not np.isnan(got_f).any()
-        assert nmse(got_f, ck._values(want)) < 1e-7
+        assert nmse(got_f, ck.values(want)) < 1e-7
         if fmt == "f32":
             assert np.abs(out - want_f32).max() <= 4e-7 * np.abs(want_f32).max()
         return
@@ -228,4 +228,4 @@ def test_reduce_matches_twin(emulators, wave, fmt):
     got = runs[0][1]
     # the packing is exact; its input may differ from the twin's by an ulp (the order of the sums)
     assert np.mean(got["qs"] == want["qs"]) > 0.999
-    assert nmse(ck._values(got), ck._values(want)) < 1e-7
+    assert nmse(ck.values(got), ck.values(want)) < 1e-7

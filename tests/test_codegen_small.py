@@ -249,7 +249,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
         emulators(wave).launch(l, _bind({0: gate, 1: up, 2: out}), symbols)
         want = np.zeros_like(out)
         ck.glu_pack("glu_pack", {"act": act, "format": fmt}, [want], gate, up)
-        got_f, want_f = ck._values(out), ck._values(want)
+        got_f, want_f = ck.values(out), ck.values(want)
         assert not np.isnan(got_f).any()
         # a few-ulp activation moves a rounding now and then; and gelu_tanh below x = -5 is accurate
         # here where the twin's float64 1 + tanh(y) cancels to (a few bits of) |values| < 1e-12
@@ -270,7 +270,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
     _, want = packed_buffer(fmt, rows, k)
     ck.glu_pack("glu_pack", {"act": act, "format": fmt}, [want], gate, up)
     assert np.mean(runs[0]["qs"] == want["qs"]) > 0.999
-    assert nmse(ck._values(runs[0]), ck._values(want)) < 1e-7
+    assert nmse(ck.values(runs[0]), ck.values(want)) < 1e-7
 
 
 @needs_emulator

@@ -78,11 +78,11 @@ def run_packed(isa, launches, arrays, out_key, fmt, rows, k, dims):
 def assert_packed_equal(got, want, fmt):
     """Exact, but for a rare value whose input differs by an ulp (which may move one rounding)."""
     if fmt in PLAIN:
-        g, w = ck._values(got), ck._values(want)
+        g, w = ck.values(got), ck.values(want)
         assert np.mean(g == w) > 0.999 and nmse(g, w) < 1e-7
         return
     assert np.mean(got["qs"] == want["qs"]) > 0.999
-    assert nmse(ck._values(got), ck._values(want)) < 1e-7
+    assert nmse(ck.values(got), ck.values(want)) < 1e-7
 
 
 @needs_compiler
@@ -162,7 +162,7 @@ def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
         return
     # f16 / bf16 keep the tiny values of gelu_tanh below x = -5, where the twin's float64 1 + tanh(y)
     # cancels to a few bits (rows.h): there the two differ; elsewhere by one rounding of the format at most
-    g, w = ck._values(got), ck._values(want)
+    g, w = ck.values(got), ck.values(want)
     off = g != w
     step = np.spacing(np.abs(w).astype(np.float16 if fmt == "f16" else np.float32)).astype(np.float64)
     step *= 1 if fmt == "f16" else 2**16

@@ -6,7 +6,8 @@ phases on stderr."""
 import io
 
 from conftest import TINY_SPM
-from llmplan.plans import cpu_tuning
+from llmplan.codegen import cpu_build
+from llmplan.plans import cpu_native, cpu_tuning
 from llmplan.plans.console import Progress
 from llmplan.plans.planfile import read_body, read_header
 
@@ -25,9 +26,11 @@ def test_a_first_run_probes_nothing_and_says_how_to_tune(cli, tmp_path, monkeypa
     code, _, err = cli(*run)
     [plan] = (tmp_path / "cache" / "plans").iterdir()
     assert code == 0 and f"cached as {plan}\n" in err
-    assert f"4 tuning decisions by heuristic: plan tune {TINY_SPM} measures them" in err
+    simd = cpu_build.available() and len(cpu_native.isa_candidates()) > 1  # the SIMD path: plan tune measures it
+    assert f"{4 + simd} tuning decisions by heuristic: plan tune {TINY_SPM} measures them" in err
     assert not (tmp_path / "store").exists()
-    assert {d["provenance"] for d in _tuning(plan).values()} == {"heuristic: no entry (not probed)"}
+    assert {d["provenance"] for d in _tuning(plan).values()} == {
+        "heuristic: no entry (not probed)", *["heuristic: no entry (plan tune measures it)"] * simd}
     code, _, err = cli(*run)
     assert code == 0 and err == ""  # the cached plan
     plan.write_bytes(b"LLMPLAN\0" + (99).to_bytes(4, "little") + bytes(8))  # as a later llmplan's

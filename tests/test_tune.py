@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,13 +20,13 @@ import pytest
 from conftest import TINY_BPE, TINY_SPM
 from llmplan.core import numerics as num
 from llmplan.models.model import open_model
-from llmplan.codegen import toolchain
-from llmplan.plans import cpu_native_tuning, cpu_tuning, probes
+from llmplan.codegen import cpu_build, toolchain
+from llmplan.plans import cpu_native, cpu_native_tuning, cpu_tuning, probes
 from llmplan.plans.compile import choose_cpu_kernels, compile_model, limits_for, lower_phases
 from llmplan.plans.devices import local_cpu
 from llmplan.plans.planfile import read_body, read_header
 from llmplan.plans.tune_store import TuneStore, _invalid
-from llmplan.runtime import cpu_kernels
+from llmplan.runtime import cpu_kernels, isa_probe
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
 
@@ -68,9 +69,14 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     tuned = json.loads(out)
     assert code == 0 and tuned["device_key"] == local_cpu().tune_key and tuned["store"] == str(store)
     rows = tuned["decisions"]
-    # every projection and the tail decide their task rows, per kernel, shape and phase rows
     n = len(rows)
     assert n > 4 and sorted(p.stem for p in store.glob("*.json")) == sorted(r["entry"] for r in rows)
+    paths = cpu_native.isa_candidates()
+    if len(paths) > 1:  # first the SIMD path: every one this machine runs but scalar, checked and timed
+        isa, rows = rows[0], rows[1:]
+        assert isa["decision"].startswith("cpu:isa:") and isa["default"] == paths[0] == cpu_build.best_isa()
+        assert set(isa["medians"]) == set(paths) and not isa["rejected"] and isa["chosen"] in paths
+    # every projection and the tail decide their task rows, per kernel, shape and phase rows
     for r in rows:
         assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == "t16"
         assert r["chosen"] in r["medians"] and not r["rejected"]
@@ -83,6 +89,9 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     t = json.loads(out)["tune"]
     assert code == 0 and t["probed"] == 0 and t["measured"] + t["tie"] == t["decisions"] == n and t["heuristic"] == 0
     body, launches = _launches(tmp_path / "t.plan")
+    if len(paths) > 1:
+        assert body["cpu"]["isa"] == body["tune"]["decisions"][isa["decision"]]["member"] == isa["chosen"]
+        assert f"SIMD path {isa['chosen']} (tuned: {isa['chosen']} " in body["cpu"]["why"]
     chosen = {r["decision"]: r["chosen"] for r in rows}
     projections = [l for l in launches if "decision" in l]
     assert len(projections) == sum(sum(r["launches"].values()) for r in rows)
@@ -98,14 +107,14 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
 
 
 def _candidates(model) -> tuple[dict[str, list[str]], str]:
-    """Every decision of the model's plan (context 64, chunk 16, 2 sequences) and its candidates (the
-    default first), and the build id the store keys them by."""
+    """Every projection's decision in the model's plan (context 64, chunk 16, 2 sequences) and its
+    candidates (the default first), and the build id the store keys them by (the SIMD path: below)."""
     device = local_cpu()
     phases, _, _, table = lower_phases(model, device, limits_for(model, 64, 16, 2))
     cpu, decisions, build_id = choose_cpu_kernels(model, phases, table, device, TuneStore(None))
     names = (cpu_native_tuning.NativeTasks.candidates if cpu["cpu"]["kernels"] == "native"
              else cpu_tuning.candidates)
-    return {d.key: [c.name for c in names(d.projection)] for d in decisions}, build_id
+    return {d.key: [c.name for c in names(d.projection)] for d in decisions if d.projection}, build_id
 
 
 def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
@@ -147,7 +156,97 @@ def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path
         assert np.array_equal(got[0].prompt_logits, want[0].prompt_logits), pick
 
 
-def test_unusable_entries_are_measured_again_and_replaced(cli, tmp_path, quick_probes):
+TWO_PATHS = pytest.mark.skipif(not cpu_build.available() or len(cpu_native.isa_candidates()) < 2,
+                               reason="no SIMD path to choose here (one besides scalar, or no compiler)")
+
+
+def _simd_entry(cli, store) -> tuple[dict, Path]:
+    """`plan tune` into `store`: the SIMD path's row and its entry's file."""
+    code, out, _ = cli("tune", TINY_BPE, "--tune-dir", store, *FAST, "--json")
+    row = json.loads(out)["decisions"][0]
+    assert code == 0 and row["decision"].startswith("cpu:isa:")
+    return row, TuneStore(store).path(row["entry"])
+
+
+def _force(entry: Path, winner: str) -> None:
+    """Make a recorded entry choose `winner` by a clear lead (a test's timings mean nothing)."""
+    e = json.loads(entry.read_text())
+    e |= {"medians": {n: 2e-3 for n in e["medians"]} | {winner: 1e-3}, "winner": winner, "lead": 1.0, "tie": False}
+    entry.write_text(json.dumps(e))
+
+
+@TWO_PATHS
+def test_the_simd_path_is_measured_recorded_and_compiled_with(cli, tmp_path):
+    store, default, other = tmp_path / "store", *cpu_native.isa_candidates()[:2]
+    args = ["compile", TINY_BPE, "--tune-dir", store, *FAST[2:], "--json", "-o"]
+    code, out, _ = cli(*args, tmp_path / "before.plan")
+    cpu = json.loads(out)["cpu"]
+    assert code == 0 and cpu["isa"] == default
+    assert "(heuristic, the best this machine runs: no entry (plan tune measures it);" in cpu["why"]
+    row, entry = _simd_entry(cli, store)
+    _force(entry, other)  # not the heuristic's choice: what follows is the store's doing
+    code, out, _ = cli(*args, tmp_path / "after.plan")
+    s = json.loads(out)
+    assert code == 0 and s["cpu"]["isa"] == other  # (its task rows are probed unless the tune chose it too)
+    assert (f"SIMD path {other} (tuned: {other} measured 100% faster than {default} over a decode step "
+            f"(entry {row['entry']});") in s["cpu"]["why"]
+    body, _ = _launches(tmp_path / "after.plan")
+    d = body["tune"]["decisions"][row["decision"]]
+    assert d["member"] == other and d["provenance"].startswith(f"measured: entry {row['entry']}, lead 100%")
+    assert Engine.load(tmp_path / "after.plan").executor.driver.lib.isa == other
+
+
+@TWO_PATHS
+def test_isa_overrides_the_stored_simd_path(cli, tmp_path):
+    store, default, other = tmp_path / "store", *cpu_native.isa_candidates()[:2]
+    row, entry = _simd_entry(cli, store)
+    _force(entry, other)
+    code, out, _ = cli("compile", TINY_BPE, "--tune-dir", store, *FAST[2:], "--isa", default, "--json", "-o",
+                       tmp_path / "t.plan")
+    s = json.loads(out)
+    assert code == 0 and s["cpu"]["isa"] == default and f"SIMD path {default} (--isa {default};" in s["cpu"]["why"]
+    body, _ = _launches(tmp_path / "t.plan")
+    assert row["decision"] not in body["tune"]["decisions"]  # nothing was decided
+
+
+@TWO_PATHS
+def test_a_stored_simd_path_this_machine_cannot_run_is_ignored(cli, tmp_path, monkeypatch):
+    store, best = tmp_path / "store", cpu_build.best_isa()
+    row, entry = _simd_entry(cli, store)
+    _force(entry, best)
+    runs = tuple(isa for isa in cpu_build.host_isas() if isa != best)  # as in a VM that hides its best path
+    monkeypatch.setattr(cpu_build, "host_isas", lambda: runs)
+    code, out, _ = cli("compile", TINY_BPE, "--tune-dir", store, *FAST[2:], "--json", "-o", tmp_path / "t.plan")
+    cpu = json.loads(out)["cpu"]
+    assert code == 0 and cpu["isa"] == runs[-1]
+    assert f"entry {row['entry']} ignored: it chose {best}, which this machine does not run" in cpu["why"]
+
+
+@TWO_PATHS
+def test_an_unusable_simd_path_entry_is_reported_then_replaced(cli, tmp_path):
+    store = tmp_path / "store"
+    row, entry = _simd_entry(cli, store)
+    entry.write_text("{")
+    code, out, _ = cli("compile", TINY_BPE, "--tune-dir", store, *FAST[2:], "--json", "-o", tmp_path / "t.plan")
+    why = json.loads(out)["cpu"]["why"]
+    assert code == 0 and f"(heuristic, the best this machine runs: entry {row['entry']} corrupt (not JSON" in why
+    code, out, _ = cli("tune", TINY_BPE, "--tune-dir", store, *FAST)
+    assert code == 0 and f"replaced entry {row['entry']} (corrupt (not JSON" in out
+
+
+@pytest.mark.skipif(not cpu_build.available() or cpu_build.best_isa() == "scalar", reason="one SIMD path here")
+def test_the_simd_path_probe_checks_agreement_within_the_kernel_bounds(tmp_path):
+    """The scalar path rounds differently from the SIMD ones, launch by launch within the kernel-test
+    bounds: accepted, and timed."""
+    plan, best = tmp_path / "t.plan", cpu_build.best_isa()
+    compile_model(open_model(TINY_BPE), local_cpu(), plan, ctx=64, chunk=16, isa=best)
+    v = isa_probe.verdict(plan, [best, "scalar"], 1e-3)
+    assert v.rejected == {} and set(v.medians) == {best, "scalar"} and v.rounds == isa_probe.ROUNDS
+
+
+def test_unusable_entries_are_measured_again_and_replaced(cli, tmp_path, quick_probes, monkeypatch):
+    # one SIMD path: the task rows are keyed by it, and each tune measures it again (test timings are noise)
+    monkeypatch.setattr(cpu_native, "isa_candidates", lambda: [cpu_build.best_isa()])
     store_dir = tmp_path / "store"
     code, out, _ = cli("tune", TINY_SPM, "--tune-dir", store_dir, *FAST, "--json")
     rows = json.loads(out)["decisions"]
@@ -230,10 +329,17 @@ def test_sixteen_concurrent_tunes_leave_only_whole_entries(tmp_path):
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err
     results = [json.loads(out)["decisions"] for out, _ in outs]
-    ids = {r["entry"] for rows in results for r in rows}
-    assert all(len(rows) == len(results[0]) for rows in results) and len(ids) == len(results[0])
+    assert all(len(rows) == len(results[0]) for rows in results)
+    # the task rows are measured on the SIMD path each process chose: the same entries for the same path
+    by_path: dict[str, list[set[str]]] = {}
+    for rows in results:
+        path = rows[0]["chosen"] if rows[0]["decision"].startswith("cpu:isa:") else ""
+        by_path.setdefault(path, []).append({r["entry"] for r in rows})
+    assert all(ids == sets[0] and len(ids) == len(results[0]) for sets in by_path.values() for ids in sets)
+    ids = set().union(*(sets[0] for sets in by_path.values()))
     assert sorted(p.stem for p in store_dir.iterdir()) == sorted(ids)  # entries only: no temporary files
     store, device = TuneStore(store_dir), local_cpu()
     build_id = json.loads(outs[0][0])["build_id"]
-    assert all(store.load(device.tune_key, r["decision"], build_id).entry for r in results[0])
+    assert all(store.load(device.tune_key, r["decision"], build_id).entry for r in results[0]
+               if not r["decision"].startswith("cpu:isa:"))
     assert reads > 0
