@@ -8,6 +8,8 @@ header can neither wrap an integer nor make us allocate or read beyond the file.
 
 from __future__ import annotations
 
+import array
+import codecs
 import os
 import struct
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from llmplan.core.errors import InputError
 
 from .errors import GGUFEndianError, GGUFError
+from .strings import StringArray
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -135,9 +138,12 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise self.fail(field, f"string is not valid UTF-8 ({e.reason} at byte {e.start})", start) from None
 
-    def strings(self, count: int, field: str) -> list[str]:
-        # Vocabularies hold 10^5 strings: a tight loop, still checking every length against the file.
-        out = []
+    def strings(self, count: int, field: str) -> StringArray:
+        # Vocabularies hold 10^5 strings: a tight loop that checks every length against the file and
+        # copies the bytes into one blob, then one UTF-8 check of the whole blob.
+        start = self.pos
+        blob = bytearray()
+        ends = array.array("q", [0])
         buf, size = self.buf, self.size
         pos = self.pos
         unpack = struct.unpack_from
@@ -152,13 +158,34 @@ class _Cursor:
             if pos + n > len(buf):
                 self.pos = pos
                 self.need(n, f"{field}[{i}]")
-            try:
-                out.append(buf[pos : pos + n].decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise self.fail(f"{field}[{i}]", f"string is not valid UTF-8 ({e.reason})", pos) from None
+            blob += buf[pos : pos + n]
+            ends.append(len(blob))
             pos += n
         self.pos = pos
+        out = StringArray(bytes(blob), np.frombuffer(ends, np.int64))
+        if not _utf8(out):
+            for i, raw in enumerate(out.iter_raw()):  # the first string at fault, for the message
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise self.fail(f"{field}[{i}]", f"string is not valid UTF-8 ({e.reason})",
+                                    start + 8 * (i + 1) + int(ends[i])) from None
         return out
+
+
+def _utf8(strings: StringArray) -> bool:
+    """Whether every string is valid UTF-8: the blob is, and no string starts inside a character."""
+    blob = strings.blob
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        for k in range(0, len(blob), _READ_CHUNK):  # in chunks: the whole blob as one str would be 4x its size
+            decoder.decode(memoryview(blob)[k : k + _READ_CHUNK])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    starts = strings.offsets[:-1]
+    first = np.frombuffer(blob, np.uint8)[starts[starts < len(blob)]]
+    return not np.any((first & 0xC0) == 0x80)
 
 
 def _value_type(cur: _Cursor, field: str) -> GGUFValueType:
