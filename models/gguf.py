@@ -89,11 +89,15 @@ class MetaValue:
 
 
 class _Cursor:
-    """Reads forward through the header, never past the end of the file."""
+    """Reads forward through the header, never past the end of the file. `buf` is a window: the bytes
+    from file position `base` on, those already read dropped at every refill. (A whole 6 MiB header,
+    read and freed, raises glibc's mmap threshold to 6 MiB: later buffers that size then stay in its
+    heap, resident for the rest of a run.)"""
 
     def __init__(self, f: BinaryIO, size: int, path: str):
         self.f, self.size, self.path = f, size, path
         self.buf = bytearray()
+        self.base = 0  # the file position of buf[0]
         self.pos = 0
 
     def fail(self, field: str, problem: str, offset: int | None = None) -> GGUFError:
@@ -106,24 +110,25 @@ class _Cursor:
         if n > self.left():
             raise self.fail(field, f"needs {n} bytes but the file ends after {self.left()} (truncated?)")
         end = self.pos + n
-        if end > len(self.buf):
-            want = min(self.size, max(end, len(self.buf) + _READ_CHUNK)) - len(self.buf)
-            self.f.seek(len(self.buf))
-            chunk = self.f.read(want)
-            self.buf += chunk
-            if len(self.buf) < end:
+        have = self.base + len(self.buf)
+        if end > have:
+            del self.buf[: self.pos - self.base]
+            self.base = self.pos
+            self.f.seek(have)
+            self.buf += self.f.read(min(self.size, max(end, have + _READ_CHUNK)) - have)
+            if self.base + len(self.buf) < end:
                 raise self.fail(field, "file shrank while it was being read")
 
     def scalar(self, code: str, field: str) -> Any:
         n = struct.calcsize("<" + code)
         self.need(n, field)
-        (v,) = struct.unpack_from("<" + code, self.buf, self.pos)
+        (v,) = struct.unpack_from("<" + code, self.buf, self.pos - self.base)
         self.pos += n
         return v
 
     def raw(self, n: int, field: str) -> bytes:
         self.need(n, field)
-        b = bytes(self.buf[self.pos : self.pos + n])
+        b = bytes(self.buf[self.pos - self.base : self.pos - self.base + n])
         self.pos += n
         return b
 
@@ -144,21 +149,23 @@ class _Cursor:
         start = self.pos
         blob = bytearray()
         ends = array.array("q", [0])
-        buf, size = self.buf, self.size
+        buf, size, base = self.buf, self.size, self.base
         pos = self.pos
         unpack = struct.unpack_from
         for i in range(count):
-            if pos + 8 > len(buf):
+            if pos + 8 > base + len(buf):
                 self.pos = pos
                 self.need(8, f"{field}[{i}] length")
-            (n,) = unpack("<Q", buf, pos)
+                base = self.base
+            (n,) = unpack("<Q", buf, pos - base)
             if n > size - pos - 8:
                 raise self.fail(f"{field}[{i}]", f"string length {n} exceeds the {size - pos - 8} bytes left (truncated?)", pos)
             pos += 8
-            if pos + n > len(buf):
+            if pos + n > base + len(buf):
                 self.pos = pos
                 self.need(n, f"{field}[{i}]")
-            blob += buf[pos : pos + n]
+                base = self.base
+            blob += buf[pos - base : pos - base + n]
             ends.append(len(blob))
             pos += n
         self.pos = pos
@@ -214,7 +221,7 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, field: str) -> MetaValue:
             return MetaValue(vtype, cur.strings(count, field), etype)
         nbytes = count * min_size
         cur.need(nbytes, field)
-        arr = np.frombuffer(cur.buf, dtype=NUMPY_DTYPES[etype], count=count, offset=cur.pos).copy()
+        arr = np.frombuffer(cur.buf, dtype=NUMPY_DTYPES[etype], count=count, offset=cur.pos - cur.base).copy()
         if etype == GGUFValueType.BOOL:
             if np.any(arr > 1):
                 i = int(np.argmax(arr > 1))
