@@ -171,7 +171,7 @@ def _plan(args: argparse.Namespace) -> str:
         raise InputError("--target takes a GGUF run on the emulated GPU (--device emu)")
     if not is_gguf(args.plan):
         return args.plan
-    from .compile import plan_for  # here: the compiler's imports (networkx, the IR) cost a plan's run 16 MiB
+    from .compile import plan_for  # here: the compiler's imports (networkx, the IR) add 15 MiB to a plan's run
 
     if args.device in ("cuda", "hip"):  # for the local GPU, from its own facts
         return plan_for(args.plan, args.ctx, args.max_seqs or 1, resolve_device(args.device), Progress("plan run"))
