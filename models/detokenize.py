@@ -24,11 +24,12 @@ _HIDDEN_UNLESS_SPECIAL = Attr.CONTROL | Attr.UNKNOWN
 
 
 class Pieces:
-    """The piece of every token, computed on first use (a large vocabulary has 262144 of them)."""
+    """The piece of every token, computed on first use (a large vocabulary has 262144 of them, a text
+    uses few)."""
 
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
-        self._cache: list[bytes | None] = [None] * vocab.n_tokens
+        self._cache: dict[int, bytes] = {}
         self._char_to_byte = {c: b for b, c in enumerate(byte_to_char())} if vocab.kind == "bpe" else {}
 
     def check(self, ids: Iterable[int]) -> list[int]:
@@ -46,10 +47,10 @@ class Pieces:
         return out
 
     def piece(self, token_id: int, special: bool) -> bytes:
-        attr = self._vocab.attrs[token_id]
+        attr = int(self._vocab.attrs[token_id])
         if not special and attr & _HIDDEN_UNLESS_SPECIAL:
             return b""
-        p = self._cache[token_id]
+        p = self._cache.get(token_id)
         if p is None:
             p = self._cache[token_id] = self._make(token_id, attr)
         return p

@@ -8,6 +8,8 @@ header can neither wrap an integer nor make us allocate or read beyond the file.
 
 from __future__ import annotations
 
+import array
+import codecs
 import os
 import struct
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from llmplan.core.errors import InputError
 
 from .errors import GGUFEndianError, GGUFError
+from .strings import StringArray
 
 MAGIC = b"GGUF"
 SUPPORTED_VERSIONS = (2, 3)
@@ -86,11 +89,15 @@ class MetaValue:
 
 
 class _Cursor:
-    """Reads forward through the header, never past the end of the file."""
+    """Reads forward through the header, never past the end of the file. `buf` is a window: the bytes
+    from file position `base` on, those already read dropped at every refill. (A whole 6 MiB header,
+    read and freed, raises glibc's mmap threshold to 6 MiB: later buffers that size then stay in its
+    heap, resident for the rest of a run.)"""
 
     def __init__(self, f: BinaryIO, size: int, path: str):
         self.f, self.size, self.path = f, size, path
         self.buf = bytearray()
+        self.base = 0  # the file position of buf[0]
         self.pos = 0
 
     def fail(self, field: str, problem: str, offset: int | None = None) -> GGUFError:
@@ -103,24 +110,25 @@ class _Cursor:
         if n > self.left():
             raise self.fail(field, f"needs {n} bytes but the file ends after {self.left()} (truncated?)")
         end = self.pos + n
-        if end > len(self.buf):
-            want = min(self.size, max(end, len(self.buf) + _READ_CHUNK)) - len(self.buf)
-            self.f.seek(len(self.buf))
-            chunk = self.f.read(want)
-            self.buf += chunk
-            if len(self.buf) < end:
+        have = self.base + len(self.buf)
+        if end > have:
+            del self.buf[: self.pos - self.base]
+            self.base = self.pos
+            self.f.seek(have)
+            self.buf += self.f.read(min(self.size, max(end, have + _READ_CHUNK)) - have)
+            if self.base + len(self.buf) < end:
                 raise self.fail(field, "file shrank while it was being read")
 
     def scalar(self, code: str, field: str) -> Any:
         n = struct.calcsize("<" + code)
         self.need(n, field)
-        (v,) = struct.unpack_from("<" + code, self.buf, self.pos)
+        (v,) = struct.unpack_from("<" + code, self.buf, self.pos - self.base)
         self.pos += n
         return v
 
     def raw(self, n: int, field: str) -> bytes:
         self.need(n, field)
-        b = bytes(self.buf[self.pos : self.pos + n])
+        b = bytes(self.buf[self.pos - self.base : self.pos - self.base + n])
         self.pos += n
         return b
 
@@ -135,30 +143,56 @@ class _Cursor:
         except UnicodeDecodeError as e:
             raise self.fail(field, f"string is not valid UTF-8 ({e.reason} at byte {e.start})", start) from None
 
-    def strings(self, count: int, field: str) -> list[str]:
-        # Vocabularies hold 10^5 strings: a tight loop, still checking every length against the file.
-        out = []
-        buf, size = self.buf, self.size
+    def strings(self, count: int, field: str) -> StringArray:
+        # Vocabularies hold 10^5 strings: a tight loop that checks every length against the file and
+        # copies the bytes into one blob, then one UTF-8 check of the whole blob.
+        start = self.pos
+        blob = bytearray()
+        ends = array.array("q", [0])
+        buf, size, base = self.buf, self.size, self.base
         pos = self.pos
         unpack = struct.unpack_from
         for i in range(count):
-            if pos + 8 > len(buf):
+            if pos + 8 > base + len(buf):
                 self.pos = pos
                 self.need(8, f"{field}[{i}] length")
-            (n,) = unpack("<Q", buf, pos)
+                base = self.base
+            (n,) = unpack("<Q", buf, pos - base)
             if n > size - pos - 8:
                 raise self.fail(f"{field}[{i}]", f"string length {n} exceeds the {size - pos - 8} bytes left (truncated?)", pos)
             pos += 8
-            if pos + n > len(buf):
+            if pos + n > base + len(buf):
                 self.pos = pos
                 self.need(n, f"{field}[{i}]")
-            try:
-                out.append(buf[pos : pos + n].decode("utf-8"))
-            except UnicodeDecodeError as e:
-                raise self.fail(f"{field}[{i}]", f"string is not valid UTF-8 ({e.reason})", pos) from None
+                base = self.base
+            blob += buf[pos - base : pos - base + n]
+            ends.append(len(blob))
             pos += n
         self.pos = pos
+        out = StringArray(bytes(blob), np.frombuffer(ends, np.int64))
+        if not _utf8(out):
+            for i, raw in enumerate(out.iter_raw()):  # the first string at fault, for the message
+                try:
+                    raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise self.fail(f"{field}[{i}]", f"string is not valid UTF-8 ({e.reason})",
+                                    start + 8 * (i + 1) + int(ends[i])) from None
         return out
+
+
+def _utf8(strings: StringArray) -> bool:
+    """Whether every string is valid UTF-8: the blob is, and no string starts inside a character."""
+    blob = strings.blob
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        for k in range(0, len(blob), _READ_CHUNK):  # in chunks: the whole blob as one str would be 4x its size
+            decoder.decode(memoryview(blob)[k : k + _READ_CHUNK])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    starts = strings.offsets[:-1]
+    first = np.frombuffer(blob, np.uint8)[starts[starts < len(blob)]]
+    return not np.any((first & 0xC0) == 0x80)
 
 
 def _value_type(cur: _Cursor, field: str) -> GGUFValueType:
@@ -187,7 +221,7 @@ def _read_value(cur: _Cursor, vtype: GGUFValueType, field: str) -> MetaValue:
             return MetaValue(vtype, cur.strings(count, field), etype)
         nbytes = count * min_size
         cur.need(nbytes, field)
-        arr = np.frombuffer(cur.buf, dtype=NUMPY_DTYPES[etype], count=count, offset=cur.pos).copy()
+        arr = np.frombuffer(cur.buf, dtype=NUMPY_DTYPES[etype], count=count, offset=cur.pos - cur.base).copy()
         if etype == GGUFValueType.BOOL:
             if np.any(arr > 1):
                 i = int(np.argmax(arr > 1))

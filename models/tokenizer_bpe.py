@@ -64,8 +64,10 @@ class BpeModel:
 
     def _merge(self, word: str) -> list[int]:
         token_to_id = self._token_to_id
-        if self._ignore_merges and word in token_to_id:
-            return [token_to_id[word]]
+        if self._ignore_merges:
+            tid = token_to_id.get(word)
+            if tid is not None:
+                return [tid]
         ranks = self._ranks
         # symbols as a linked list over the characters; a merged-away symbol keeps an empty text
         text = list(word)

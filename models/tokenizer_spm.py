@@ -44,40 +44,39 @@ def _int_field(number: int, value: int) -> bytes:
     return _varint(number << 3) + _varint(value)
 
 
+def _piece(raw: bytes, score: bytes, kind: int) -> bytes:
+    """One ModelProto.pieces entry: {1: text, 2: score (float), 3: type}."""
+    body = b"".join((b"\n", _varint(len(raw)), raw, b"\x15", score, b"\x18", _SMALL[kind]))
+    return b"\n" + _varint(len(body)) + body
+
+
 def _model_proto(vocab: Vocab) -> bytes:
     """A serialized sentencepiece ModelProto (wire format written directly; see sentencepiece_model.proto)."""
-    tokens = list(vocab.tokens)
-    if len(vocab.token_to_id) < len(tokens):
-        for i, t in enumerate(tokens):
-            if vocab.token_to_id[t] != i:
-                # A repeated text: llama.cpp only ever produces its last id, sentencepiece refuses duplicates.
-                tokens[i] = f"\ue000dup\ue000{i}"
+    # A repeated text: llama.cpp only ever produces its last id, sentencepiece refuses duplicates.
+    renamed = {i: f"\ue000dup\ue000{i}".encode() for i in vocab.token_to_id.shadowed()}
     has_bytes = all(b in vocab.token_to_id for b in BYTE_TOKENS)
     byte_ids = {vocab.token_to_id[b] for b in BYTE_TOKENS} if has_bytes else set()
-    unk = vocab.unk
-    if unk is None:  # sentencepiece needs an unknown piece; one past the vocabulary marks "no token"
-        unk = len(tokens)
-        tokens.append("\ue000unk\ue000")
+    n = vocab.n_tokens
+    # sentencepiece needs an unknown piece; without one, a piece one past the vocabulary marks "no token"
+    unk = n if vocab.unk is None else vocab.unk
 
-    # One ModelProto.pieces entry per token: {1: text, 2: score (float), 3: type}. Built with slicing and
-    # joins rather than per-field calls: a 262144-token vocabulary must load in well under a second.
-    kinds = bytearray([_NORMAL]) * len(tokens)
+    # Written piece by piece into one buffer, from the tokens' bytes: a 262144-token vocabulary must
+    # load in well under a second, and leave no Python object per token behind.
+    kinds = bytearray([_NORMAL]) * (n + 1)
     kinds[unk] = _UNKNOWN
     for i in byte_ids:
         kinds[i] = _BYTE
-    scores = np.zeros(len(tokens), "<f4")
-    scores[: vocab.n_tokens] = vocab.scores
-    score_bytes = scores.tobytes()
-    pieces = []
-    for i, text in enumerate(tokens):
-        raw = text.encode()
-        body = b"".join((b"\n", _varint(len(raw)), raw, b"\x15", score_bytes[4 * i : 4 * i + 4], b"\x18",
-                         kinds[i : i + 1]))
-        pieces.append(b"\n" + _varint(len(body)) + body)
-    trainer = (_int_field(3, _BPE) + _int_field(4, len(tokens)) + _int_field(35, int(has_bytes))
+    scores = np.asarray(vocab.scores, "<f4").tobytes()
+    out = bytearray()
+    for i, raw in enumerate(vocab.tokens.iter_raw()):
+        out += _piece(renamed.get(i, raw), scores[4 * i : 4 * i + 4], kinds[i])
+    if unk == n:
+        out += _piece("\ue000unk\ue000".encode(), bytes(4), _UNKNOWN)
+    trainer = (_int_field(3, _BPE) + _int_field(4, n + (unk == n)) + _int_field(35, int(has_bytes))
                + _int_field(40, unk) + _int_field(41, -1) + _int_field(42, -1) + _int_field(43, -1))
     normalizer = _field(1, b"identity") + _int_field(3, 0) + _int_field(4, 0) + _int_field(5, 0)
-    return b"".join(pieces) + _field(2, trainer) + _field(3, normalizer)
+    out += _field(2, trainer) + _field(3, normalizer)
+    return bytes(out)
 
 
 class SpmModel:

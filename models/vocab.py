@@ -16,6 +16,7 @@ from gguf import GGUFValueType
 
 from .errors import TokenizerError
 from .gguf import GGUFFile
+from .strings import StringArray, StringIndex
 
 
 class Attr:
@@ -32,7 +33,7 @@ class Attr:
 
 # tokenizer.ggml.token_type values (gguf's TokenType: 1 normal ... 6 byte) -> attributes; others undefined
 _TYPE_ATTR = np.array([Attr.UNDEFINED, Attr.NORMAL, Attr.UNKNOWN, Attr.CONTROL, Attr.USER_DEFINED, Attr.UNUSED,
-                       Attr.BYTE], np.int32)
+                       Attr.BYTE], np.uint8)
 
 # BPE pre-tokenizer names -> the regex family llama.cpp uses for them
 PRE_TOKENIZERS = {
@@ -68,14 +69,15 @@ _ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>") 
 
 @dataclass(frozen=True)
 class Vocab:
-    """Everything the tokenizer needs from the metadata. `kind` is "spm" or "bpe"; ids are None when unset."""
+    """Everything the tokenizer needs from the metadata. `kind` is "spm" or "bpe"; ids are None when unset.
+    The token texts are the file's one compact copy (models/strings.py), with their lookup by text."""
 
     kind: str
-    tokens: list[str]
+    tokens: StringArray
     scores: np.ndarray
-    attrs: list[int]
-    token_to_id: dict[str, int]
-    merges: list[str]
+    attrs: np.ndarray  # uint8 Attr bits per token
+    token_to_id: StringIndex  # a repeated text maps to its last id, as in llama.cpp
+    merges: StringArray
     pre: str  # BPE regex family: "llama3", "gpt2" or "default"; "" for SPM
     ignore_merges: bool  # BPE: a pre-token that is a whole token skips the merges
     bos: int | None
@@ -150,19 +152,19 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
     n = len(tokens)
     if n >= 2**31:
         raise TokenizerError(f"{path}: {n} tokens do not fit 32-bit token ids")
-    if "" in tokens:  # llama.cpp names empty tokens so that none of them can match text
-        tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+    if not tokens.lengths.all():  # llama.cpp names empty tokens so that none of them can match text
+        tokens = StringArray.of(t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens))
     scores = _array(gguf, "tokenizer.ggml.scores", (GGUFValueType.FLOAT32, GGUFValueType.INT32), n)
     scores = np.zeros(n, np.float32) if scores is None else np.asarray(scores[:n], np.float32)
     types = _array(gguf, "tokenizer.ggml.token_type", (GGUFValueType.INT32,), n)
     if types is None:
-        attrs = [Attr.NORMAL] * n
+        attrs = np.full(n, Attr.NORMAL, np.uint8)
     else:
         types = np.asarray(types[:n])
-        attrs = _TYPE_ATTR[np.where((types >= 0) & (types < len(_TYPE_ATTR)), types, 0)].tolist()
-    token_to_id = dict(zip(tokens, range(n)))  # a repeated text maps to its last id, as in llama.cpp
+        attrs = _TYPE_ATTR[np.where((types >= 0) & (types < len(_TYPE_ATTR)), types, 0)]
+    token_to_id = StringIndex(tokens)
 
-    merges: list[str] = []
+    merges = StringArray.of([])
     pre = ""
     ignore_merges = False
     if kind == "spm":
@@ -201,8 +203,8 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
                 attrs[found] |= Attr.CONTROL
     eog = _end_of_generation(tokens, attrs, token_to_id, ids)
 
-    is_special = np.array(attrs, np.int32) & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN)
-    special = sorted(np.nonzero(is_special)[0].tolist(), key=lambda i: -len(tokens[i].encode()))
+    special = np.flatnonzero(attrs & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN))
+    special = special[np.argsort(-tokens.lengths[special], kind="stable")].tolist()
     template = gguf.get("tokenizer.chat_template")
     return Vocab(
         kind=kind, tokens=tokens, scores=scores, attrs=attrs, token_to_id=token_to_id, merges=merges, pre=pre,
@@ -212,7 +214,7 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
     )
 
 
-def _end_of_generation(tokens: list[str], attrs: list[int], token_to_id: dict[str, int],
+def _end_of_generation(tokens: StringArray, attrs: np.ndarray, token_to_id: StringIndex,
                        ids: dict[str, int | None]) -> frozenset[int]:
     """llama.cpp's special_eog_ids, with the attribute changes it makes on the way."""
     eog = {ids[k] for k in ("fim_pad", "fim_rep", "fim_sep") if ids[k] is not None}

@@ -204,6 +204,9 @@ def _cases() -> list[Case]:
     add("string-cut-utf8", ok([kv_str("general.name", b"ab\xe2\x82")]), "key 'general.name'", ("UTF-8",))
     add("string-array-invalid-utf8", ok([kv_arr("tokenizer.ggml.tokens", STRING, ["a", b"\xff"])]),
         "key 'tokenizer.ggml.tokens'[1]", ("UTF-8",))
+    add("string-array-char-split-across-strings",  # "aé" as a whole, but "\xc3" and "\xa9" are not UTF-8
+        ok([kv_arr("tokenizer.ggml.tokens", STRING, ["a", b"\xc3", b"\xa9"])]), "key 'tokenizer.ggml.tokens'[1]",
+        ("UTF-8",))
     add("tensor-name-invalid-utf8", ok(tensors=[Tensor(b"\xfe\xff", (32,))]), "tensor[0].name", ("UTF-8",))
 
     # value types

@@ -16,6 +16,7 @@ from gguf import GGUFReader, GGUFValueType
 from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE, VOCAB_SPM
 from gguf_bytes import F32, Q8_0, Tensor, build, kv_arr, kv_str, kv_u32, STRING, INT32, FLOAT32
 from llmplan.models.gguf import GGUFFile, MetaValue
+from llmplan.models.strings import StringArray
 
 # GGUFReader is slow on big vocabularies (it builds one numpy view per array element): ~10 s for
 # the 128k-token vocabulary and for Gemma 3, hence the slow marks there.
@@ -90,8 +91,8 @@ def test_metadata_matches_gguf_py(pair):
                 assert _same_scalar(mv.value, rvalue), (key, mv.value, rvalue)
             assert ours.get(key) is mv.value
         elif retype == GGUFValueType.STRING:
-            assert isinstance(mv.value, list), key
-            assert mv.value == rvalue, key
+            assert isinstance(mv.value, StringArray), key
+            assert list(mv.value) == rvalue, key
         else:
             assert isinstance(mv.value, np.ndarray), key
             assert mv.value.shape == rvalue.shape, key

@@ -10,6 +10,7 @@ from conftest import TINY_SPM, VOCAB_SPM
 from llamacpp_port import spm_tokenize
 from llmplan.models.errors import TokenizerError
 from llmplan.models.gguf import GGUFFile
+from llmplan.models.strings import StringArray, StringIndex
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.models.vocab import read_vocab
 from tokenizer_refs import SPM_FILES, model_path, reference, vocab_cases
@@ -102,6 +103,11 @@ def test_gemma_vocabulary(request):
     assert lengths == sorted(lengths, reverse=True)
 
 
+def _with_tokens(v, tokens):
+    tokens = StringArray.of(tokens)
+    return dataclasses.replace(v, tokens=tokens, token_to_id=StringIndex(tokens))
+
+
 def test_unknown_token_without_byte_tokens():
     # Without all 256 byte tokens a character the vocabulary lacks becomes the unknown token (llama.cpp
     # would abort); with no unknown token either, it is an error.
@@ -112,7 +118,7 @@ def test_unknown_token_without_byte_tokens():
     assert [v.tokens[i] for i in with_bytes[1:]] == ["<0xE1>", "<0x9A>", "<0xA0>"]
     tokens = list(v.tokens)
     tokens[v.token_to_id["<0x41>"]] = "no-longer-a-byte"
-    v = dataclasses.replace(v, tokens=tokens, token_to_id=dict(zip(tokens, range(len(tokens)))))
+    v = _with_tokens(v, tokens)
     assert Tokenizer(v).encode(lacking, add_special=False)[1:] == [v.unk]
     with pytest.raises(TokenizerError, match="no token for"):
         Tokenizer(dataclasses.replace(v, unk=None)).encode(lacking, add_special=False)
@@ -129,5 +135,5 @@ def test_repeated_token_text_maps_to_last_id():
     assert 996 in before
     tokens = list(v.tokens)
     tokens[2999] = word
-    v = dataclasses.replace(v, tokens=tokens, token_to_id=dict(zip(tokens, range(len(tokens)))))
+    v = _with_tokens(v, tokens)
     assert Tokenizer(v).encode("Hello", add_special=False) == [2999 if i == 996 else i for i in before]
