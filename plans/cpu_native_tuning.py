@@ -1,17 +1,22 @@
-"""The compiled CPU kernels' measured decision: the weight rows per thread task of each projection.
+"""The compiled CPU kernels' measured decision: each projection's schedule, the weight rows per thread
+task and the one-row engines' prefetch distance.
 
 The matmul and tail kernels (codegen/cpu_families/matmul.py, tail.py) split a projection's out rows
-into tasks of `task_rows` consecutive rows that the pool's threads take as they come free; every member
-(t8, t16, t32, t64) gives the same bits, since each row's dot products are summed in one fixed order.
-Which is fastest depends on the shape (K, N, the phase's rows) and the machine (cores, caches): few
-large tasks leave threads idle at the end of a decode step's small projections, many small ones pay
-more for claiming them. The heuristic without an entry is the family's default, t16.
+into tasks of `task_rows` consecutive rows that the pool's threads take as they come free, and with one
+activation row (decode) prefetch each weight block `ahead` register tiles before they read it; every
+member (t8 .. t64 at the default distance, t16a0 .. t16a4 at the default task size) gives the same
+bits, since each row's dot products are summed in one fixed order. Which is fastest depends on the
+shape (K, N, the phase's rows) and the machine (cores, caches, memory latency): few large tasks leave
+threads idle at the end of a decode step's small projections, many small ones pay more for claiming
+them; a weight streamed from memory wants its blocks requested early, one held in cache does not. The
+heuristic without an entry is the family's default, t16 (2 tiles ahead).
 
 A probe runs the plan's own kernel calls from the plan's own library (the one the driver loads), on
 the model's real weights read in place, over every layer's launch of that shape in turn (so the
 weights stream from memory as in a step), with random activations; each candidate's outputs are
-checked bit for bit against the default's before it is timed. Task rows travel as the launch's member
-and as its kernel calls' last argument (task_rows, the last parameter of both families' kernels).
+checked bit for bit against the default's before it is timed. A schedule travels as the launch's member
+and as its kernel calls' last two arguments (task_rows, ahead: the last parameters of both families'
+kernels).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import numpy as np
 
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_build import CpuLibrary
-from llmplan.codegen.cpu_families.matmul import DEFAULT_TASK_ROWS, TASK_ROWS
+from llmplan.codegen.cpu_families import matmul
 from llmplan.core.formats import dequantize
 from llmplan.models.gguf import GGUFFile
 
@@ -34,20 +39,21 @@ from .probes import Verdict, measure, random_operand
 
 
 @dataclass(frozen=True)
-class TaskRows:
-    rows: int
+class Schedule:
+    rows: int  # weight rows per task
+    ahead: int  # prefetch distance in register tiles
 
     @property
     def name(self) -> str:
-        return f"t{self.rows}"
+        return matmul.member(self.rows, self.ahead)
 
 
-DEFAULT = TaskRows(DEFAULT_TASK_ROWS)
+DEFAULT = Schedule(matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
 
 
 @dataclass(frozen=True)
 class Shape:
-    """What a projection's best task size depends on: its kernel (formats, segments, epilogue), K, each
+    """What a projection's best schedule depends on: its kernel (formats, segments, epilogue), K, each
     segment's N, the phase's rows; `phase` is where its launches' buffers are described."""
 
     kernel: str
@@ -77,8 +83,8 @@ class NativeTasks:
         return Shape(launch["kernels"][0]["name"], p, phase)
 
     @staticmethod
-    def candidates(shape: Shape) -> list[TaskRows]:
-        return [DEFAULT, *(TaskRows(n) for n in TASK_ROWS if n != DEFAULT.rows)]
+    def candidates(shape: Shape) -> list[Schedule]:
+        return [Schedule(*matmul.schedule({"member": m})) for m in matmul.MEMBERS]
 
     def build_id(self) -> str:
         """What the measurements measured: the CPU kernels' sources, the SIMD path, the compiler."""
@@ -87,12 +93,12 @@ class NativeTasks:
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @staticmethod
-    def apply(launch: dict[str, Any], s: TaskRows) -> None:
+    def apply(launch: dict[str, Any], s: Schedule) -> None:
         launch["member"] = s.name
         for k in launch["kernels"]:
-            k["args"][-1] = {"i32": s.rows}
+            k["args"][-2:] = [{"i32": s.rows}, {"i32": s.ahead}]
 
-    def probe(self, d: cpu_tuning.Decision, cands: list[TaskRows], round_seconds: float) -> Verdict:
+    def probe(self, d: cpu_tuning.Decision, cands: list[Schedule], round_seconds: float) -> Verdict:
         shape: Shape = d.projection
         phase, dims = shape.phase, dict(shape.phase["dims"], rows=shape.projection.rows)
         group = [l for l in d.launches if any(l is x for x in phase["launches"])]
@@ -118,15 +124,15 @@ class NativeTasks:
                 return dims[r["i32"]] if isinstance(r["i32"], str) else r["i32"]
             return r["f32"] if "f32" in r else bind(r).ctypes.data
 
-        def values(k: dict[str, Any], task_rows: int) -> tuple:
-            return (*(arg(r) for r in k["args"][:-1]), task_rows)
+        def values(k: dict[str, Any], s: Schedule) -> tuple:
+            return (*(arg(r) for r in k["args"][:-2]), s.rows, s.ahead)
 
-        calls = {c.name: [[(self.lib.entry(k["name"])[0], values(k, c.rows)) for k in l["kernels"]] for l in group]
+        calls = {c.name: [[(self.lib.entry(k["name"])[0], values(k, c)) for k in l["kernels"]] for l in group]
                  for c in cands}
         snapshot = {n: a.copy() for n, a in arrays.items()}
         outs = [f"buf{r['buf']}" for r in group[0]["outs"] if "buf" in r]
 
-        def runner(c: TaskRows):
+        def runner(c: Schedule):
             def run(i: int):
                 if i == 0:  # the check: from the same inputs every time (a residual accumulates in place)
                     for n, a in snapshot.items():
@@ -141,6 +147,6 @@ class NativeTasks:
 
         def check(got) -> str:
             same = all(np.array_equal(g, r, equal_nan=True) for g, r in zip(got, reference))
-            return "" if same else "its outputs differ from the default task size's"
+            return "" if same else "its outputs differ from the default schedule's"
 
         return measure(runners, check, DEFAULT.name, round_seconds)

@@ -151,7 +151,7 @@ class Decision:
     projection: Any  # what the best strategy depends on (a Projection; the compiled kernels' own)
     launches: list[dict[str, Any]] = field(default_factory=list)
     phases: dict[str, int] = field(default_factory=dict)  # launches per phase
-    strategy: Any = DEFAULT  # a Strategy (or the compiled kernels' TaskRows)
+    strategy: Any = DEFAULT  # a Strategy (or the compiled kernels' Schedule)
     provenance: str = ""
     entry: str | None = None  # the store entry it was taken from
     probed: bool = False

@@ -101,16 +101,19 @@ def test_launch_record():
     assert ln.kernel.name == "lp_cpu_matmul_q6_k_seg1_res1" and ln.kernel.source == "matmul.h"
     assert ln.grid == (1,)
     assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "blocks"}, {"buf": 1}, {"buf": 2},
-                       {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}]
+                       {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}, {"i32": matmul.DEFAULT_AHEAD}]
     assert ln.kernel.entry.startswith("LP_KERNEL void lp_cpu_matmul_q6_k_seg1_res1(const void* x, const void* w0, "
-                                      "const float* r, float* y0, int rows, int k, int n0, int task_rows) {")
+                                      "const float* r, float* y0, int rows, int k, int n0, int task_rows, int ahead) {")
 
 
 def test_names_and_members():
     assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_q4_k_q6_k_seg3_res0"
     assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
-    assert matmul.task_rows({"member": "t64"}) == 64 and matmul.task_rows({}) == matmul.DEFAULT_TASK_ROWS
+    default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
+    assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD) and matmul.schedule({}) == default
+    assert matmul.schedule({"member": "t8a0"}) == (8, 0) and matmul.schedule({"member": "t8a3"}) == default
     assert matmul.candidates({}, None)[0] == f"t{matmul.DEFAULT_TASK_ROWS}"
+    assert all(matmul.member(*matmul.schedule({"member": m})) == m for m in matmul.MEMBERS)
 
 
 @pytest.mark.parametrize("weights, fmt, message", [
@@ -169,8 +172,8 @@ def test_matmul_segmented_matches_the_twin(formats, isa, rng):
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16"])
 def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
-    """Batching never changes a row's result: 9 rows at once, each row alone, another task size and one
-    thread instead of the pool all give the same bits."""
+    """Batching never changes a row's result: 9 rows at once, each row alone (with each prefetch distance),
+    another task size and one thread instead of the pool all give the same bits."""
     rows, n = 9, 45
     got, _, (x, ws) = project(isa, "matmul", [fmt], rows, [n], rng, "t8")
     other, _, _ = project(isa, "matmul", [fmt], rows, [n], rng, "t32", x=x, ws=ws, threads=1)
@@ -185,7 +188,7 @@ def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
         else:
             for name, plane in xt.planes.items():
                 one[1][name][...] = plane[r:r + 1]
-        alone, _, _ = project(isa, "matmul", [fmt], 1, [n], rng, "t16", x=one, ws=ws)
+        alone, _, _ = project(isa, "matmul", [fmt], 1, [n], rng, f"t16a{matmul.AHEAD[r % len(matmul.AHEAD)]}", x=one, ws=ws)
         assert np.array_equal(alone[0][0], got[0][r]), f"row {r} differs alone"
 
 

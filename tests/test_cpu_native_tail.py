@@ -59,12 +59,12 @@ def test_tail_argmax_matches_the_twin(fmt, isa, rng):
 def test_launch_record():
     ctx = context([{"dtype": "f32", "shape": ["seqs", 640]}, {"dtype": "i32", "shape": ["seqs"]}],
                   {"output_norm.weight": ("F32", (640,)), "token_embd.weight": ("Q8_0", (262144, 640))})
-    (ln,) = tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_0"}, "member": "t64",
+    (ln,) = tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_0"}, "member": "t64a1",
                            "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight"}],
                            "outs": [{"buf": 1}]}, ctx)
     assert ln.kernel.name == "lp_cpu_tail_argmax_q8_0"
     assert ln.args == [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight", "layout": "blocks"},
-                       {"buf": 1}, {"i32": "seqs"}, {"i32": 640}, {"i32": 262144}, {"f32": 1e-6}, {"i32": 64}]
+                       {"buf": 1}, {"i32": "seqs"}, {"i32": 640}, {"i32": 262144}, {"f32": 1e-6}, {"i32": 64}, {"i32": 1}]
     with pytest.raises(ValueError, match="takes q8_0 activations"):
         tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_k"},
                        "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight"}],

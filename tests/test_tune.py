@@ -21,6 +21,7 @@ from conftest import TINY_BPE, TINY_SPM
 from llmplan.core import numerics as num
 from llmplan.models.model import open_model
 from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen.cpu_families import matmul
 from llmplan.plans import cpu_native, cpu_native_tuning, cpu_tuning, probes
 from llmplan.plans.compile import choose_cpu_kernels, compile_model, limits_for, lower_phases
 from llmplan.plans.devices import local_cpu
@@ -99,7 +100,8 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     assert body["tune"]["device_key"] == local_cpu().tune_key
     for launch in projections:
         assert launch["member"] == chosen[launch["decision"]]
-        assert all(k["args"][-1] == {"i32": int(launch["member"][1:])} for k in launch["kernels"])
+        want = [{"i32": v} for v in matmul.schedule(launch)]
+        assert all(k["args"][-2:] == want for k in launch["kernels"])
     code, out, _ = cli("inspect", tmp_path / "t.plan", "--json")
     assert code == 0 and json.loads(out)["tuning"]["decisions"] == body["tune"]["decisions"]
     code, out, _ = cli("inspect", tmp_path / "t.plan")

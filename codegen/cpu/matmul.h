@@ -169,15 +169,16 @@ template <bool SIGNED> struct FromUnpacked {
 #endif
 };
 template <int F> struct FromBlocks {
-  // ahead(): the block to prefetch while a tile reads block b of `row`: the same block RT rows on, which
-  // the next tile reads (RT rows read side by side are too many streams for the hardware prefetcher:
-  // one-row decode of the Q8_0 head measured 20% faster on avx512, 45% on avx2). Only where loads, not
-  // decoding, bound the tile: every format on the 512-bit engine; on avx2 Q8_0 alone (Q5_0 measured 8%
-  // slower with it).
+  // ahead(): the block to prefetch while a tile reads block b of `row`: the same block `dist` rows on,
+  // which a later tile reads (RT rows read side by side are too many streams for the hardware
+  // prefetcher: one-row decode of the Q8_0 head measured 20% faster on avx512, 45% on avx2). Only where
+  // loads, not decoding, bound the tile: every format on the 512-bit engine; on avx2 Q8_0 alone (Q5_0
+  // measured 8% slower with it).
   static constexpr bool AHEAD = LP_CPU_ISA >= 2 || F == LP_FMT_Q8_0;
   const LpWeight<F, LP_BLOCKS>& w;
+  int dist;  // rows (0: no prefetch)
   size_t at(int row, int b) const { return (size_t)row * w.nb + b; }
-  const char* ahead(int row, int b) const { return (const char*)w.d.at(at(row, b)); }
+  const char* ahead(int row, int b) const { return (const char*)w.d.at(at(row + dist, b)); }
   static bool new_line(int b) {  // whether block b starts a 64-byte line of its row (a prefetch per line)
     constexpr int B = LpWeight<F, LP_BLOCKS>::BYTES;
     return b * B % 64 < B;
@@ -214,7 +215,7 @@ inline void tile_a(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT]
       wa[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
       dw[r] = _mm256_set1_ps(u.dw(r0 + r, b));
       if constexpr (Src::AHEAD) {
-        if (u.new_line(b)) _mm_prefetch(u.ahead(r0 + r + RT, b), _MM_HINT_T0);
+        if (u.dist && u.new_line(b)) _mm_prefetch(u.ahead(r0 + r, b), _MM_HINT_T0);
       }
     }
     for (int c = 0; c < CT; ++c) {
@@ -234,7 +235,7 @@ inline void tile_a(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT]
 
 // Where engine B's tiles read a super-block's head and values: the task's unpacked rows (many activation
 // rows), or the blocks, decoded as a tile reads them (a few: one tile per weight row), prefetching the
-// same super-block RT rows on, which the next tile reads. The same integers and floats either way.
+// same super-block `dist` rows on, which a later tile reads. The same integers and floats either way.
 struct FromUnpackedB {
   static constexpr bool AHEAD = false;
   const UnpackedB& u;
@@ -249,8 +250,11 @@ struct FromUnpackedB {
 template <int F> struct FromBlocksB {
   static constexpr bool AHEAD = true;
   const LpWeight<F, LP_BLOCKS>& w;
+  int dist;  // rows (0: no prefetch)
   size_t at(int row, int sb) const { return (size_t)row * w.nb + sb; }
-  void ahead(int row, int sb) const { prefetch_block<LpWeight<F, LP_BLOCKS>::BYTES>(Unpack<F>::first(w, at(row, sb))); }
+  void ahead(int row, int sb) const {
+    if (dist) prefetch_block<LpWeight<F, LP_BLOCKS>::BYTES>(Unpack<F>::first(w, at(row + dist, sb)));
+  }
   KHead head(int row, int sb) const { return Unpack<F>::head(w, at(row, sb)); }
   __m256i q32(int row, int sb, int g) const { return Unpack<F>::q32(w, at(row, sb), g); }
 #if LP_CPU_ISA >= 2
@@ -300,7 +304,7 @@ inline void tile_b(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT]
     KHead h[RT];
     __m256i isum[RT][CT];
     for (int r = 0; r < RT; ++r) {
-      if constexpr (Src::AHEAD) u.ahead(r0 + r + RT, sb);
+      if constexpr (Src::AHEAD) u.ahead(r0 + r, sb);
       h[r] = u.head(r0 + r, sb);
       for (int c = 0; c < CT; ++c) isum[r][c] = _mm256_setzero_si256();
     }
@@ -341,7 +345,9 @@ inline void tile_a512(const Src& u, int r0, const Acts& a, int c0, float (&out)[
     for (int r = 0; r < RT; ++r) {
       wu[r] = u.q64(r0 + r, b);
       dw[r] = u.dw2(r0 + r, b);
-      if constexpr (Src::AHEAD) _mm_prefetch(u.ahead(r0 + r + RT, b), _MM_HINT_T0);
+      if constexpr (Src::AHEAD) {
+        if (u.dist) _mm_prefetch(u.ahead(r0 + r, b), _MM_HINT_T0);
+      }
     }
     for (int c = 0; c < CT; ++c) {
       const size_t xc = (size_t)(c0 + c);
@@ -395,7 +401,7 @@ inline void tile_b512(const Src& u, int r0, const Acts& a, int c0, float (&out)[
     KHead h[RT];
     __m512i isum[RT][CT];
     for (int r = 0; r < RT; ++r) {
-      if constexpr (Src::AHEAD) u.ahead(r0 + r + RT, sb);
+      if constexpr (Src::AHEAD) u.ahead(r0 + r, sb);
       h[r] = u.head(r0 + r, sb);
       for (int c = 0; c < CT; ++c) isum[r][c] = _mm512_setzero_si512();
     }
@@ -484,7 +490,8 @@ inline void tiles(int r0, int r1, const Acts& a, Tile tile, Out& out) {
 
 // weight rows [r0, r1) of w against every activation row; out(row, col, value)
 template <int F, class Out>
-inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, int r1, const Acts& a, Out& out) {
+inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, int r1, const Acts& a, int ahead,
+                      Out& out) {
   if constexpr (F == LP_FMT_F32 || F == LP_FMT_F16 || F == LP_FMT_BF16) {
     tiles<RT_V, CT_V>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
       tile_v<F, RT, CT>((const char*)raw, rr, a, c0, v);
@@ -499,7 +506,7 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 #endif
       }, out);
     };
-    if (a.rows <= CT_A) return run(FromBlocks<F>{w});  // one tile per weight row: decode as read
+    if (a.rows <= CT_A) return run(FromBlocks<F>{w, ahead * RT_A});  // one tile per weight row: decode as read
     static thread_local UnpackedA u;
     u.reset(r0, r1, a.k);
     for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
@@ -515,7 +522,7 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
       }, out);
     };
     // one tile per weight row: decode as read, in taller tiles (RT_B1: more independent sums)
-    if (a.rows <= CT_B) return run(FromBlocksB<F>{w}, std::integral_constant<int, RT_B1>{});
+    if (a.rows <= CT_B) return run(FromBlocksB<F>{w, ahead * RT_B1}, std::integral_constant<int, RT_B1>{});
     static thread_local UnpackedB u;
     u.reset(r0, r1, a.k);
     for (int row = r0; row < r1; ++row) Unpack<F>::row(w, row, u);
@@ -524,29 +531,32 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 }
 #endif
 
-// weight rows [r0, r1) of a weight in format F (rows n, row length a.k) against every activation row
+// weight rows [r0, r1) of a weight in format F (rows n, row length a.k) against every activation row;
+// the one-row engines prefetch `ahead` tiles on
 template <int F, class Out>
-inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, Out& out) {
+inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, int ahead, Out& out) {
   const LpWeight<F, LP_BLOCKS> w(raw, n, a.k);
 #if LP_CPU_ISA >= 1
-  rows_simd<F>(w, raw, r0, r1, a, out);
+  rows_simd<F>(w, raw, r0, r1, a, ahead, out);
 #else
   rows_scalar<F>(w, r0, r1, a, out);
 #endif
 }
 
 constexpr int TASK_ROWS = 16;  // weight rows per task when the launch does not say (tune store: task_rows)
+constexpr int AHEAD_TILES = 2;  // the one-row engines' prefetch distance in tiles, likewise (tune store: ahead)
 
 // The row loop of a projection launch: weights w[s] (format F0, F1, F2; n[s] rows each) against the
 // packed activations x [rows, k]; out(task, segment, weight row, activation row, value) for every
 // output, each from one task. Returns the task count (tail.h keeps a best per task).
 template <int F0, int F1, int F2, int NSEG, class Out>
-inline int project(const void* x, const void* const* w, const int* n, int rows, int k, int task_rows, Out out) {
+inline int project(const void* x, const void* const* w, const int* n, int rows, int k, int task_rows, int ahead,
+                   Out out) {
   constexpr int ACT = act_of<F0>();
   static_assert(NSEG == 1 || act_of<F1>() == ACT, "segments must take the same activations");
   static_assert(NSEG < 3 || act_of<F2>() == ACT, "segments must take the same activations");
   if (rows <= 0) return 0;
-  const int tr = task_rows > 0 ? task_rows : TASK_ROWS;
+  const int tr = task_rows > 0 ? task_rows : TASK_ROWS, tiles = ahead >= 0 ? ahead : AHEAD_TILES;
   int first[NSEG + 1];
   first[0] = 0;
   for (int s = 0; s < NSEG; ++s) first[s + 1] = first[s] + (n[s] + tr - 1) / tr;
@@ -557,12 +567,12 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
     while (t >= first[s + 1]) ++s;
     const int r0 = (t - first[s]) * tr, r1 = lp_min(n[s], r0 + tr);
     auto o = [&](int row, int col, float v) { out(t, s, row, col, v); };
-    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, o);
+    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, tiles, o);
     if constexpr (NSEG >= 2) {
-      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, o);
+      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, tiles, o);
     }
     if constexpr (NSEG >= 3) {
-      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, o);
+      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, tiles, o);
     }
   });
   return first[NSEG];
@@ -571,12 +581,12 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
 // matmul / matmul_segmented (y_s = x . W_s^T) and matmul_residual (y0 = r + x . W0^T; r may be y0)
 template <int F0, int F1, int F2, int NSEG, bool RES>
 inline void matmul(const void* x, const void* w0, const void* w1, const void* w2, float* y0, float* y1, float* y2,
-                   const float* r, int rows, int k, int n0, int n1, int n2, int task_rows) {
+                   const float* r, int rows, int k, int n0, int n1, int n2, int task_rows, int ahead) {
   static_assert(!RES || NSEG == 1, "the residual epilogue has one weight");
   const void* w[3] = {w0, w1, w2};
   const int n[3] = {n0, n1, n2};
   float* y[3] = {y0, y1, y2};
-  project<F0, F1, F2, NSEG>(x, w, n, rows, k, task_rows, [&](int, int s, int row, int col, float v) {
+  project<F0, F1, F2, NSEG>(x, w, n, rows, k, task_rows, ahead, [&](int, int s, int row, int col, float v) {
     const size_t at = (size_t)col * n[s] + row;
     y[s][at] = RES ? r[at] + v : v;
   });

@@ -9,11 +9,14 @@ threads take as they come free; each task streams its rows of the weight once fo
 Launch arguments, in order: x (packed q8_0 / q8_1 / q8_k activations, or f16 / bf16 / f32 values for
 float weights), the weights ({"weight": name, "layout": "blocks"}: the tensor's bytes in the mapped
 GGUF), the residual r (matmul_residual; it may be the output itself), the outputs [rows, n] f32, then
-rows (the activation's row count, usually the symbol "rows"), k, each weight's out rows, task_rows.
+rows (the activation's row count, usually the symbol "rows"), k, each weight's out rows, task_rows,
+ahead.
 
-Members: "t8", "t16", "t32", "t64": weight rows per task (TASK_ROWS). Every member gives the same bits;
-which is fastest depends on the shape and the machine (the tune store's decision); without a member,
-DEFAULT_TASK_ROWS.
+Members: a schedule, "t<rows>" or "t<rows>a<tiles>": weight rows per task (TASK_ROWS), and how many
+register tiles ahead the one-row engines prefetch weight blocks (AHEAD; 0: none; the hardware
+prefetcher does not follow a tile's rows read side by side). Every member gives the same bits; which
+is fastest depends on the shape and the machine's memory (the tune store's decision); without a member,
+DEFAULT_TASK_ROWS and DEFAULT_AHEAD.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 3
                 "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
 TASK_ROWS = (8, 16, 32, 64)
 DEFAULT_TASK_ROWS = 16
-MEMBERS = tuple(f"t{n}" for n in TASK_ROWS)
+AHEAD = (0, 1, 2, 4)
+DEFAULT_AHEAD = 2  # matmul.h AHEAD_TILES
 OPS = ("matmul", "matmul_segmented", "matmul_residual")
 
 
@@ -55,13 +59,25 @@ def check_weight(ctx: Context, ref: dict[str, Any], what: str = "matmul") -> tup
     return fmt, n, k
 
 
-def task_rows(launch: dict[str, Any]) -> int:
-    m = re.fullmatch(r"t(\d+)", str(launch.get("member") or ""))
-    return int(m.group(1)) if m and int(m.group(1)) in TASK_ROWS else DEFAULT_TASK_ROWS
+def member(rows: int, ahead: int) -> str:
+    return f"t{rows}" if ahead == DEFAULT_AHEAD else f"t{rows}a{ahead}"
+
+
+# the default first; task sizes at the default distance, and distances at the default task size
+MEMBERS = tuple(dict.fromkeys([member(DEFAULT_TASK_ROWS, DEFAULT_AHEAD), *(member(n, DEFAULT_AHEAD) for n in TASK_ROWS),
+                               *(member(DEFAULT_TASK_ROWS, a) for a in AHEAD)]))
+
+
+def schedule(launch: dict[str, Any]) -> tuple[int, int]:
+    """(weight rows per task, prefetch distance in tiles) of a launch's member; the defaults without one."""
+    m = re.fullmatch(r"t(\d+)(?:a(\d+))?", str(launch.get("member") or ""))
+    if not m or int(m.group(1)) not in TASK_ROWS or int(m.group(2) or DEFAULT_AHEAD) not in AHEAD:
+        return DEFAULT_TASK_ROWS, DEFAULT_AHEAD
+    return int(m.group(1)), int(m.group(2) or DEFAULT_AHEAD)
 
 
 def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
-    return [f"t{DEFAULT_TASK_ROWS}", *(m for m in MEMBERS if m != f"t{DEFAULT_TASK_ROWS}")]
+    return list(MEMBERS)
 
 
 def kernel(formats: list[str], residual: bool) -> Kernel:
@@ -77,12 +93,12 @@ def kernel(formats: list[str], residual: bool) -> Kernel:
     ys = [f"y{i}" for i in range(nseg)]
     params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
               + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)]
-              + ["int task_rows"])
+              + ["int task_rows", "int ahead"])
     pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
     codes = pad([f"LP_FMT_{f}" for f in formats], "0")
     call = (f"lp_cpu::matmul<{codes}, {nseg}, {'true' if residual else 'false'}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, "
-            f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows)")
+            f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows, ahead)")
     entry = f"LP_KERNEL void {name}({', '.join(params)}) {{ {call}; }}"
     return Kernel(name, "matmul", "matmul.h", entry, 0)
 
@@ -109,4 +125,4 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     refs = [x, *(in_place(w) for w in weights), *([args[2]] if residual else []), *outs]
     return [Launch(kernel(formats, residual), (1,),
                    refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked]
-                   + [scalar(task_rows(launch))])]
+                   + [scalar(v) for v in schedule(launch)])]
