@@ -62,26 +62,42 @@ def greedy(llm, ids: list[int], n: int) -> tuple[np.ndarray, list[int]]:
     return row, out
 
 
+class Rater:
+    """llama.cpp's prefill and decode tokens/s, the model loaded once: each call is one run of prefilling
+    `ids` from an empty cache and n_decode greedy tokens (a benchmark alternates them with its own runs,
+    so a shared machine's slow spells fall on both)."""
+
+    def __init__(self, model: str, n_ctx: int, threads: int | None = None):
+        import llama_cpp
+
+        self.threads = threads or _threads()
+        self.version = llama_cpp.__version__
+        self.llm = load(model, n_ctx, self.threads)
+        self.warm = False
+
+    def __call__(self, ids: list[int], n_decode: int) -> dict[str, Any]:
+        llm = self.llm
+        if not self.warm:
+            llm.eval(ids[:8])
+            self.warm = True
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        prefill = time.perf_counter() - t0
+        token = int(np.argmax(last_logits(llm)))
+        t0 = time.perf_counter()
+        for _ in range(n_decode - 1):
+            llm.eval([token])
+            token = int(np.argmax(last_logits(llm)))
+        decode = time.perf_counter() - t0
+        return {"version": self.version, "threads": self.threads,
+                "prefill_tok_s": round(len(ids) / prefill, 1),
+                "decode_tok_s": round((n_decode - 1) / decode, 1) if n_decode > 1 else None}
+
+
 def rate(model: str, ids: list[int], n_decode: int, threads: int | None = None) -> dict[str, Any] | None:
     """llama.cpp's prefill and decode tokens/s on `ids` and n_decode greedy tokens, after a warm-up
     evaluation, on `threads` threads (default this machine's cores); None without llama-cpp-python."""
     if not available():
         return None
-    import llama_cpp
-
-    threads = threads or _threads()
-    llm = load(model, max(512, len(ids) + n_decode + 1), threads)
-    llm.eval(ids[:8])
-    llm.reset()
-    t0 = time.perf_counter()
-    llm.eval(ids)
-    prefill = time.perf_counter() - t0
-    token = int(np.argmax(last_logits(llm)))
-    t0 = time.perf_counter()
-    for _ in range(n_decode - 1):
-        llm.eval([token])
-        token = int(np.argmax(last_logits(llm)))
-    decode = time.perf_counter() - t0
-    return {"version": llama_cpp.__version__, "threads": threads,
-            "prefill_tok_s": round(len(ids) / prefill, 1),
-            "decode_tok_s": round((n_decode - 1) / decode, 1) if n_decode > 1 else None}
+    return Rater(model, max(512, len(ids) + n_decode + 1), threads)(ids, n_decode)

@@ -129,6 +129,7 @@ class Executor:
         if trace is not None:
             trace.complete("buffers, weights and tables", "load", t0, time.perf_counter(), **self.load.as_dict())
         self.buckets: dict[tuple, Bucket] = {}
+        self._regions: dict[tuple, Region] = {}  # (phase, buf or state, which, dims) -> its memory
         self.notes: list[str] = []  # what a caller should know once (a bucket that runs directly, and why)
 
     # --- load ---------------------------------------------------------------------------------
@@ -184,7 +185,18 @@ class Executor:
         return dict(bounds, rows=rows, seqs=seqs, blocks=self.kv_blocks)
 
     def region(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region:
-        """The memory an argument reference names in a step with these dims."""
+        """The memory an argument reference names in a step with these dims (a buffer's or a state slot's
+        kept per dims: every step asks for its state and outputs anew)."""
+        kind = "buf" if "buf" in ref else "state" if "state" in ref else None
+        if kind is None:
+            return self._region(phase, ref, dims)
+        key = (phase, kind, ref[kind], *dims.items())
+        r = self._regions.get(key)
+        if r is None:
+            r = self._regions[key] = self._region(phase, ref, dims)
+        return r
+
+    def _region(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region:
         p = self.phases[phase]
         if "buf" in ref:
             b = p["buffers"][ref["buf"]]

@@ -14,7 +14,8 @@ arena, the K/V cache, tables) and what `plan inspect` says it holds beyond the m
 `--seqs N` also times batched decode steps of N sequences through the engine (the decode-batch
 phase; scripts/bench_engine.py has the full table). `--tune-dir DIR` measures the plan
 whose decisions come from that tune store (probing what it lacks) next to the heuristic's plan, run
-for run alternately, and prints tuned / heuristic ratios.
+for run alternately, and prints tuned / heuristic ratios. llama.cpp's runs alternate with ours too,
+and each side's figure is its median, so a shared machine's slow spells fall on both.
 """
 
 from __future__ import annotations
@@ -189,14 +190,20 @@ def main() -> None:
     configs = {"heuristic": None} | ({"tuned": args.tune_dir} if args.tune_dir else {})
     engines = {name: load_llmplan(model, ctx, args.seqs, d, threads) for name, d in configs.items()}
     runs: dict[str, list[dict]] = {name: [] for name in configs}
-    for i in range(args.runs):
+    rater = llama_cpp.Rater(model, ctx, threads) if llama_cpp.available() else None
+    their_runs = []
+    for i in range(args.runs):  # llama.cpp's runs alternate with ours, on the first run's prompt
         for name, (engine, compile_s, _) in engines.items():
             runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs, i))
+        if rater:
+            their_runs.append(rater(runs["heuristic"][0]["ids"], args.decode))
     speeds = [k for k in runs["heuristic"][0] if k.endswith("tok_s")]
     plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]["tune"]}
              for name, rs in runs.items()}
     ours = plans["heuristic"]
-    theirs = llama_cpp.rate(model, ours["ids"], args.decode, threads)
+    theirs = their_runs and their_runs[0] | {k: float(np.median([r[k] for r in their_runs]))
+                                             for k in ("prefill_tok_s", "decode_tok_s")} | {"runs": len(their_runs)}
+    del rater
     ours["seconds_by_op"] = profile(engines["heuristic"][0], ours["ids"], args.decode)
     for p in plans.values():
         p.pop("ids")
