@@ -96,10 +96,10 @@ class HipDriver(StreamDriver):
         return self.api.hipModuleGetFunction(module, name.encode())
 
     def opt_in_smem(self, function: Any, nbytes: int) -> None:
-        # AMD has no opt-in: a block may use all of a workgroup's LDS; a plan asking more cannot run here
-        if nbytes > self.props.sharedMemPerBlock:
-            raise InputError(f"a kernel asks {nbytes} bytes of shared memory; this device gives a block "
-                             f"{self.props.sharedMemPerBlock}")
+        # AMD has no opt-in: a block may use all of a workgroup's LDS (the plan's smem_per_block, which
+        # StreamDriver.load found too small), and a plan asking more cannot run here
+        raise InputError(f"a kernel asks {nbytes} bytes of dynamic shared memory beyond what a block gets here "
+                         f"({self.props.sharedMemPerBlock} bytes in all); AMD GPUs have no opt-in")
 
     def malloc(self, nbytes: int) -> DeviceBuffer:
         ptr = self.api.hipMalloc(nbytes)
