@@ -14,8 +14,9 @@ CuPy / hip-python where they are importable. Behind them one EmuDevice:
   lie inside live allocations, as a launch checks every pointer argument, replayed graphs too (nothing
   captured may point at a freed buffer);
 - a launch reads its argument buffer through the `extra` array (BUFFER_POINTER, &buffer, BUFFER_SIZE,
-  &size, END; END is 0 on CUDA, 3 on HIP), unpacks it with a ctypes Structure built from the parameter
-  types (the C ABI's own layout, independent of gpu.pack) and runs the kernel on the emulator; dynamic
+  &size, END; END is 0 on CUDA, 3 on HIP), whose size must be where the last parameter ends (no tail
+  padding, as cuLaunchKernel wants), unpacks it with a ctypes Structure built from the parameter types
+  (the C ABI's own layout, independent of gpu.pack) and runs the kernel on the emulator; dynamic
   shared memory past the default limit (the device's per-block bytes less the kernel's static bytes)
   fails unless the kernel opted in;
 - stream capture keeps launches, memsets and copies, with their argument bytes, as graph nodes instead of
@@ -47,13 +48,26 @@ CUDA_END, HIP_END = 0, 3  # CU_LAUNCH_PARAM_END, HIP_LAUNCH_PARAM_END
 BUFFER_POINTER, BUFFER_SIZE = 1, 2  # the same on CUDA and HIP
 
 
+def _struct(params: tuple[str, ...]) -> type[ctypes.Structure]:
+    fields = [(f"a{i}", CTYPES.get(t, ctypes.c_void_p)) for i, t in enumerate(params)]
+    return type("Args", (ctypes.Structure,), {"_fields_": fields})
+
+
+def params_size(params: tuple[str, ...]) -> int:
+    """The argument buffer's size cuLaunchKernel takes: where the last parameter ends, without the tail
+    padding a struct of them would have (a size with it is refused: llvm/llvm-project#172249)."""
+    if not params:
+        return 0
+    struct = _struct(params)
+    return getattr(struct, f"a{len(params) - 1}").offset + ctypes.sizeof(struct._fields_[-1][1])
+
+
 def unpack(params: tuple[str, ...], data: bytes) -> list[Any]:
     """The argument values a kernel with these parameter types reads from `data`."""
-    fields = [(f"a{i}", CTYPES.get(t, ctypes.c_void_p)) for i, t in enumerate(params)]
-    struct = type("Args", (ctypes.Structure,), {"_fields_": fields})
-    assert ctypes.sizeof(struct) >= len(data) > ctypes.sizeof(struct) - 8, (params, len(data))
+    struct = _struct(params)
+    assert len(data) == params_size(params), (params, len(data))
     args = struct.from_buffer_copy(data.ljust(ctypes.sizeof(struct), b"\0"))
-    return [getattr(args, f) or 0 for f, _ in fields]
+    return [getattr(args, f"a{i}") or 0 for i in range(len(params))]
 
 
 # --- signatures ------------------------------------------------------------------------------------

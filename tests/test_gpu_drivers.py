@@ -39,14 +39,14 @@ PROMPTS = ["Once upon a time", "The capital of France is"]
 
 
 @pytest.mark.parametrize("params", [("float*", "int", "const block_q4_K*", "float", "unsigned"),
-                                    ("int", "float*"), ("int", "int", "int"), ("const half*",), ()])
+                                    ("int", "float*"), ("float*", "int"), ("int", "int", "int"), ("const half*",), ()])
 def test_packing_lays_arguments_out_as_the_c_abi_does(params):
     """A ctypes Structure of the parameter types (the C ABI's layout) reads back every value."""
     rng = np.random.default_rng(len(params))
     values = [int(rng.integers(1, 2**31)) if t in ("int", "unsigned") else float(np.float32(rng.normal()))
               if t == "float" else int(rng.integers(1, 2**47)) * 16 for t in params]
     data = pack(params, values)
-    assert unpack(params, data) == values
+    assert unpack(params, data) == values  # and its size has no tail padding (unpack checks)
     with pytest.raises(ValueError):
         pack(params, values + [1])
     with pytest.raises(ValueError, match="double"):
