@@ -96,7 +96,8 @@ def _check(where: str, name: str, ctype: str, value: Any) -> None:
         lo, hi = _RANGES[ctype]
         if not lo <= v < hi:
             raise OverflowError(f"{where}: {name}={v} does not fit {ctype}")
-    elif ctype in ("bytes", "str") and value is not None and type(value) is not {"bytes": bytes, "str": str}[ctype]:
+    elif ctype in ("bytes", "str", "tuple") and value is not None and type(value) is not \
+            {"bytes": bytes, "str": str, "tuple": tuple}[ctype]:
         raise TypeError(f"{where}: argument {name!r} has incorrect type (expected {ctype}, got {type(value).__name__})")
 
 
@@ -159,6 +160,10 @@ class EmuDevice:
         self.lib = EmuLibrary.from_plan(body["gpu"]["source"], kernels, dev["wave"], mode_for(dev["int8_matrix"]))
         self.binary = body["gpu"]["binary"]
         self.static = {n: m["shared_bytes"] for n, m in body["gpu"].get("manifests", {}).items()}
+
+    def program_kernels(self, kernels: list, wave: int = 32, mode: str = "plain") -> None:
+        """The same for codegen Kernels, whatever binary is loaded (tests/cuda_runner.py builds its own)."""
+        self.lib, self.binary, self.static = EmuLibrary.from_kernels(kernels, wave, mode), None, {}
 
     # memory
     def malloc(self, nbytes: int) -> int:
@@ -227,9 +232,11 @@ class EmuDevice:
         self.queue("run", name, grid, block[0], smem, data)  # the bytes are copied: the capture keeps its own
 
     def run(self, name: str, grid: tuple[int, int, int], block: int, smem: int, data: bytes) -> None:
+        self.run_values(name, grid, block, smem, unpack(self.lib.kernels[name][0], data))
+
+    def run_values(self, name: str, grid: tuple[int, int, int], block: int, smem: int, values: list) -> None:
         params, built = self.lib.kernels[name]
         assert block == built, (name, block, built)
-        values = unpack(params, data)
         for t, v in zip(params, values):
             if t.endswith("*"):
                 self.need_device(f"{name}: a {t} argument", v, 1)
@@ -391,6 +398,10 @@ def fake_cupy(device: EmuDevice, props: dict[str, Any] | None = None) -> types.M
         def compute_capability(self):
             return device.arch.removeprefix("sm_")
 
+        @api("Device.synchronize(self)")
+        def synchronize(self):
+            device.sync("a device synchronization")
+
     function = types.ModuleType("cupy.cuda.function")
 
     class Module(Stub):
@@ -400,7 +411,7 @@ def fake_cupy(device: EmuDevice, props: dict[str, Any] | None = None) -> types.M
 
         @api("Module.load(self, bytes cubin)")
         def load(self, cubin):
-            assert cubin == device.binary
+            assert device.binary is None or cubin == device.binary
             self.ptr = id(self)
 
         @api("Module.get_function(self, name)")
@@ -415,7 +426,47 @@ def fake_cupy(device: EmuDevice, props: dict[str, Any] | None = None) -> types.M
             self.module, self.ptr = module, id(self)
             device.functions[self.ptr] = funcname
 
+        # cupy/cuda/function.pyx (its docstring has no signature): CuPy packs each argument by its own
+        # type, a cupy.ndarray as its pointer and a NumPy scalar at its dtype's size
+        @api("Function.__call__(self, tuple grid, tuple block, args, size_t shared_mem=0, stream=None, "
+             "enable_cooperative_groups=False)")
+        def __call__(self, grid, block, args, shared_mem=0, stream=None, enable_cooperative_groups=False):
+            name = device.functions[self.ptr]
+            params = device.lib.kernels[name][0]
+            if len(args) != len(params):
+                raise FakeError(f"{name}: {len(params)} parameters, {len(args)} arguments")
+            scalars = {"int": np.int32, "unsigned": np.uint32, "float": np.float32}
+            values = []
+            for t, a in zip(params, args):
+                if t in scalars:
+                    if type(a) is not scalars[t]:  # a Python int would go as 8 bytes, not an int's 4
+                        raise FakeError(f"{name}: a {t} parameter given a {type(a).__name__}")
+                    values.append(a.item())
+                else:
+                    values.append(a.ptr if isinstance(a, ndarray) else a)
+            device.run_values(name, (grid + (1, 1))[:3], block[0], shared_mem, values)
+
     function.Module, function.Function = Module, Function
+
+    class ndarray(Stub):
+        def __init__(self, host):
+            self.host = np.ascontiguousarray(host)
+            self.ptr = device.malloc(self.host.nbytes)
+            device.memcpy(self.ptr, self.host.ctypes.data, self.host.nbytes, True)
+
+        @api("_ndarray_base.get(self, stream=None, order='C', out=None, blocking=True)")
+        def get(self, stream=None, order="C", out=None, blocking=True):
+            got = np.empty_like(self.host)
+            device.memcpy(got.ctypes.data, self.ptr, got.nbytes, False)
+            return got
+
+        def __del__(self):
+            device.free(self.ptr)
+
+    @api("asarray(a, dtype=None, order=None)")
+    def asarray(a, dtype=None, order=None):
+        assert dtype is None and isinstance(a, np.ndarray)
+        return ndarray(a)
 
     memory = types.ModuleType("cupy.cuda.memory")
 
@@ -443,7 +494,7 @@ def fake_cupy(device: EmuDevice, props: dict[str, Any] | None = None) -> types.M
                             alloc_pinned_memory=alloc_pinned_memory).items():
         setattr(cuda, name, value)
     cupy = types.ModuleType("cupy")
-    cupy.cuda = cuda
+    cupy.cuda, cupy.asarray, cupy.ndarray = cuda, asarray, ndarray
     return cupy
 
 

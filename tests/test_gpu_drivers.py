@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import inspect
+import re
 import subprocess
 import sys
 import types
@@ -215,29 +216,63 @@ def test_local_device_facts_through_the_libraries(returned_props):
         assert local_gpu("hip") == hip_facts(GFX1100_PROPS)
 
 
+@needs_emulator
+def test_the_kernel_tests_gpu_runner_over_the_cupy_stand_in(monkeypatch):
+    """tests/cuda_runner.py, which runs the kernel tests' launches on the GPU in scripts/device-check,
+    over the CuPy stand-in: its calls have CuPy's signatures, its scalars go as 4-byte NumPy scalars,
+    and an rmsnorm launch gives the emulator's output bit for bit."""
+    import cuda_runner
+    import kernel_emu
+    from test_codegen_build import _norm_kernels
+
+    require_compiler(TARGETS["sm_90"])
+    launch = _norm_kernels()[-1]
+    assert launch.kernel.name == "lp_rmsnorm_f32"
+    device = EmuDevice("sm_90", 49152, 232448, 0)
+    device.program_kernels([launch.kernel])
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy(device))
+    rng = np.random.default_rng(0)
+    arrays = {0: rng.standard_normal((3, 1024)).astype(np.float32), "w": rng.standard_normal(1024).astype(np.float32)}
+    outs = []
+    for run in (cuda_runner.CudaRunner([launch.kernel]), kernel_emu.Emulator([launch.kernel])):
+        out = np.full((3, 1024), np.nan, np.float32)
+        run.launch(launch, lambda ref: out if ref.get("buf") == 4 else arrays[ref.get("buf", ref.get("weight"))],
+                   {"rows": 3})
+        outs.append(out)
+    assert not np.isnan(outs[0]).any() and np.array_equal(outs[0], outs[1])
+    assert device.launches == 1 and device.memory == {}  # its device arrays were freed
+
+
 # --- the stand-ins against the installed libraries -------------------------------------------------
 
-def _params(line: str) -> list[tuple[str, str, str | None]]:
+def _params(line: str) -> list[tuple[str, str, bool]]:
+    """(name, C type, has a default) of each parameter."""
     same = {"unsigned long": "size_t", "unicode": "str"}  # hip-python 6.x/7.x, CuPy 13 (Cython 0.29)
-    return [(n, same.get(t, t), d) for n, t, d in parse_signature(line)[1]]
+    return [(n, same.get(t, t), d is not None) for n, t, d in parse_signature(line)[1]]
 
 
 def _accepts(fake: str, real: str) -> bool:
     """Whether every call the stand-in's signature takes, the library's takes alike: the same
     parameters, and after them only ones with defaults (CuPy 14 added Stream's `priority`)."""
     f, r = _params(fake), _params(real)
-    return r[:len(f)] == f and all(d is not None for _, _, d in r[len(f):])
+    return r[:len(f)] == f and all(d for _, _, d in r[len(f):])
 
 
 def _doc_line(obj) -> str:
-    return (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+    """The signature line Cython embeds in a docstring; for a Python function, one made from its
+    signature's positional parameters."""
+    if inspect.isfunction(obj):
+        ps = [p for p in inspect.signature(obj).parameters.values() if p.kind == p.POSITIONAL_OR_KEYWORD]
+        return f"{obj.__name__}(" + ", ".join(p.name + ("=..." if p.default is not p.empty else "") for p in ps) + ")"
+    line = (obj.__doc__ or "").strip().splitlines()[0] if obj.__doc__ else ""
+    return line if re.match(r"[\w.]+\(.*\)", line) else ""
 
 
 def _compare(fake, real, where: str, errors: list[str]) -> None:
     """Every name the stand-in module or class `fake` defines exists in `real`, with the same
     signature (Cython's embedded one), value, enum members or kind of attribute."""
     for name, value in vars(fake).items():
-        if name.startswith("__") and name != "__init__":
+        if name.startswith("__") and name not in ("__init__", "__call__"):
             continue
         here = f"{where}.{name}"
         if not hasattr(real, name):
@@ -265,6 +300,8 @@ def _compare(fake, real, where: str, errors: list[str]) -> None:
                 errors.append(f"{here}: not a property")
         elif hasattr(value, "signature") and name != "__init__":
             got = _doc_line(r if not isinstance(r, (staticmethod, classmethod)) else r.__func__)
+            if not got and name == "__call__":  # a slot's docstring has none (read from the source instead)
+                continue
             if not _accepts(value.signature, got):
                 errors.append(f"{here}: {value.signature!r}, the library has {got!r}")
         elif isinstance(value, int) and not isinstance(value, bool):
