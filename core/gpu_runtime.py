@@ -39,3 +39,14 @@ def hip() -> Any:
     if err != h.hipError_t.hipSuccess or count == 0:
         raise InputError("--device hip: no HIP device here")
     return h
+
+
+def hip_properties(h: Any, device: int = 0) -> tuple[Any, Any]:
+    """(hipError_t, hipDeviceProp_t) of a device. hip-python 6.x and 7.x fill a properties struct the
+    caller passes, hipGetDeviceProperties(prop, deviceId) -> (err,); rocm.bindings (hip-python 10)
+    returns it, hipGetDeviceProperties(deviceId) -> (err, prop)."""
+    try:
+        prop = h.hipDeviceProp_t()
+        return h.hipGetDeviceProperties(prop, device)[0], prop
+    except TypeError:  # the one-argument form
+        return h.hipGetDeviceProperties(device)

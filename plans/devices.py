@@ -115,7 +115,8 @@ def _peak_gbs(props: dict) -> float:
 
 def cuda_facts(props: dict) -> DeviceFacts:
     """DeviceFacts from a CUDA device's properties, keyed as cupy.cuda.runtime.getDeviceProperties
-    gives them (memoryClockRate, which CUDA 13 dropped from the struct, from the device attribute)."""
+    gives them (built for CUDA 13, CuPy 13.6 and 14 read clockRate and memoryClockRate, which that
+    struct dropped, from the device attributes: cupy_backends/cuda/api/runtime.pyx)."""
     arch = f"sm_{props['major']}{props['minor']}"
     matrix = _matrix("cuda", arch)
     return DeviceFacts(_text(props["name"]), "cuda", arch, props["multiProcessorCount"], props["warpSize"],
@@ -143,16 +144,9 @@ HIP_PROPERTIES = ("name", "gcnArchName", "multiProcessorCount", "warpSize", "sha
 def local_gpu(backend: str) -> DeviceFacts:
     """The facts of GPU 0, read through its runtime library."""
     if backend == "cuda":
-        rt = gpu_runtime.cupy().cuda.runtime
-        props = dict(rt.getDeviceProperties(0))
-        if "memoryClockRate" not in props:  # CUDA 13 dropped it from the properties struct
-            try:
-                props["memoryClockRate"] = rt.deviceGetAttribute(rt.cudaDevAttrMemoryClockRate, 0)
-            except rt.CUDARuntimeError:
-                props["memoryClockRate"] = 0  # the peak bandwidth stays unknown (0); the benchmark measures it
-        return cuda_facts(props)
+        return cuda_facts(gpu_runtime.cupy().cuda.runtime.getDeviceProperties(0))
     hip = gpu_runtime.hip()
-    err, p = hip.hipGetDeviceProperties(0)
+    err, p = gpu_runtime.hip_properties(hip)
     if err != hip.hipError_t.hipSuccess:
         raise InputError(f"--device hip: cannot read the device's properties ({err})")
     return hip_facts({k: getattr(p, k) for k in HIP_PROPERTIES})

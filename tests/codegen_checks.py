@@ -24,6 +24,10 @@ Catalog = Callable[[Target], list[Kernel]]
 # under CI the tests run regardless, and fail without the compiler (.ci/run installs it)
 needs_emulator = pytest.mark.skipif(not os.environ.get("CI") and not kernel_emu.have_compiler(),
                                     reason="the CPU emulator needs clang++-19")
+# the emulator's own tests run on it even where the kernel tests run on a GPU (scripts/device-check,
+# whose machine has no clang++-19)
+needs_host_emulator = pytest.mark.skipif(not os.environ.get("CI") and not kernel_emu.have_host_compiler(),
+                                         reason="the CPU emulator needs clang++-19")
 
 
 @pytest.fixture

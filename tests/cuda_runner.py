@@ -2,8 +2,9 @@
 interface (tests/kernel_emu.py), so every emulator test is also a GPU test.
 
 `LLMPLAN_KERNEL_RUNNER=cuda pytest tests/test_codegen_*.py` (scripts/device-check does this) builds each
-test's kernels with codegen/build.py for the local GPU's architecture, loads the binary with
-cupy.RawModule and runs launch(launch, bind, dims) as the emulator does: grid and scalar symbols from
+test's kernels with codegen/build.py for the local GPU's architecture, loads the binary from its bytes
+(cupy.cuda.function.Module.load; RawModule(path=) would read the file only when a kernel is first
+taken) and runs launch(launch, bind, dims) as the emulator does: grid and scalar symbols from
 `dims`, every other argument bound to a NumPy array, copied to the device before the launch and back
 after it (arguments bound to the same array share one device buffer, so in-place outputs work). A test
 configuration the GPU cannot run (wave 64, RDNA3 WMMA fragments) is skipped.
@@ -11,8 +12,6 @@ configuration the GPU cannot run (wave 64, RDNA3 WMMA fragments) is skipped.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -50,10 +49,8 @@ class CudaRunner:
             pytest.skip(f"wave {wave} / {mode} fragments do not run on {target.name}")
         self.kernels = {k.name: k for k in kernels}
         built = build(list(self.kernels.values()), target, gates=False)
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "kernels.fatbin"
-            path.write_bytes(built.binary)
-            self.module = cupy.RawModule(path=str(path))
+        self.module = cupy.cuda.function.Module()
+        self.module.load(built.binary)
         self.functions = {name: self.module.get_function(name) for name in self.kernels}
 
     def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:

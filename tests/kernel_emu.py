@@ -34,9 +34,14 @@ def on_gpu() -> bool:
     return os.environ.get("LLMPLAN_KERNEL_RUNNER") == "cuda"
 
 
+def have_host_compiler() -> bool:
+    """Whether the Emulator can be built here."""
+    return shutil.which(COMPILER) is not None
+
+
 def have_compiler() -> bool:
     """Whether runner() can run kernels here: the GPU runner needs no host compiler."""
-    return on_gpu() or shutil.which(COMPILER) is not None
+    return on_gpu() or have_host_compiler()
 
 
 def runner(kernels: list[Kernel], wave: int = 32, mode: str = "plain"):

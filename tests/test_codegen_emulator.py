@@ -10,11 +10,11 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import needs_emulator
+from codegen_checks import needs_host_emulator
 from kernel_emu import Emulator
 from llmplan.codegen.kernel import Kernel, Launch
 
-pytestmark = needs_emulator
+pytestmark = needs_host_emulator
 
 
 def kernel(name: str, body: str, block: int = 64, source: str = "common.cuh") -> Kernel:

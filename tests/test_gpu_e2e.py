@@ -6,8 +6,8 @@ with --emu on the emulated GPU (LLMPLAN_GPU_DEVICE=emu, plans for sm_90), which 
 
 Models: the two fixtures, and what device-check builds into $LLMPLAN_GPU_MODELS (models.json: name ->
 GGUF; the gemma3-270m-shaped model, the llama3-8b preset with its CPU plan's reference in
-<name>.reference.npz, computed beside these tests because the CPU plan of an 8B model is slow, and its
-GPU plan in <name>.gpu.plan, which the benchmark uses too).
+<name>.reference.npz, carried from scripts/device-carry or computed beside these tests because the CPU
+plan of an 8B model is slow, and its GPU plan in <name>.gpu.plan, which the benchmark uses too).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from llmplan.runtime import engine as engine_module
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
 from llmplan.runtime.trace import DEVICE, HOST, Trace
-from stream_emu import EmuStreamDriver
+from stream_emu import EmuCudaDriver
 
 EPS = 0.01  # microseconds: ts and dur are rounded separately
 
@@ -89,7 +89,7 @@ def test_an_emu_run_traces_pipelined_decode(plans, tmp_path):
 
 @needs_emulator
 def test_a_driver_with_a_device_clock_gets_a_device_track(plans, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_module, "driver_for", lambda name: EmuStreamDriver())
+    monkeypatch.setattr(engine_module, "driver_for", lambda name: EmuCudaDriver())
     trace = Trace()
     Engine.load(plans["sm_90"], device="cuda", trace=trace).run([Request("Once upon a time", 4)])
     trace.write(str(tmp_path / "cuda.json"))

@@ -126,14 +126,17 @@ class StreamDriver(Driver):
         self.params = {name: tuple(k["params"]) for name, k in body["kernels"].items()}
         self.module = self.load_module(body["gpu"]["binary"])
         self.functions = {name: self.function(self.module, name) for name in self.params}
-        # opt in once, before any capture, to the most dynamic shared memory any launch of a kernel asks
+        # opt in once, before any capture, to the most dynamic shared memory any launch of a kernel asks,
+        # where it and the kernel's static shared memory (its manifest's) pass what a block gets without
+        # opting in: CUDA's default dynamic limit is that less the static bytes
         smem: dict[str, int] = {}
         for p in body["phases"].values():
             for launch in p["launches"]:
                 for k in launch["kernels"]:
                     smem[k["name"]] = max(smem.get(k["name"], 0), k["smem"])
+        manifests = body["gpu"].get("manifests", {})
         for name, n in smem.items():
-            if n > dev["smem_per_block"]:  # what a kernel gets without opting in
+            if n and manifests.get(name, {}).get("shared_bytes", 0) + n > dev["smem_per_block"]:
                 self.opt_in_smem(self.functions[name], n)
         self.pinned = PinnedPool(self.pinned_alloc)
 

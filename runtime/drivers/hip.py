@@ -29,12 +29,15 @@ class _Checked:
         def call(*args):
             out = fn(*args)
             out = out if isinstance(out, tuple) else (out,)
-            if out[0] != self.hip.hipError_t.hipSuccess:
-                _, text = self.hip.hipGetErrorString(out[0])
-                raise RuntimeError(f"{name}: {text.decode() if isinstance(text, bytes) else text}")
+            self.check(name, out[0])
             return out[1] if len(out) == 2 else out[1:] or None
 
         return call
+
+    def check(self, name: str, err: Any) -> None:
+        if err != self.hip.hipError_t.hipSuccess:
+            _, text = self.hip.hipGetErrorString(err)  # a CStr (bytes in older hip-python)
+            raise RuntimeError(f"{name}: {text.decode() if isinstance(text, bytes) else text}")
 
 
 class _Memory:
@@ -75,7 +78,8 @@ class HipDriver(StreamDriver):
         self.hip = gpu_runtime.hip()
         self.api = _Checked(self.hip)
         self.stream = self.api.hipStreamCreateWithFlags(self.hip.hipStreamNonBlocking)
-        self.props = self.api.hipGetDeviceProperties(0)
+        err, self.props = gpu_runtime.hip_properties(self.hip)
+        self.api.check("hipGetDeviceProperties", err)
 
     def sync(self) -> None:
         self.api.hipStreamSynchronize(self.stream)
@@ -92,10 +96,10 @@ class HipDriver(StreamDriver):
         return self.api.hipModuleGetFunction(module, name.encode())
 
     def opt_in_smem(self, function: Any, nbytes: int) -> None:
-        # AMD has no opt-in: a block may use all of a workgroup's LDS; a plan asking more cannot run here
-        if nbytes > self.props.sharedMemPerBlock:
-            raise InputError(f"a kernel asks {nbytes} bytes of shared memory; this device gives a block "
-                             f"{self.props.sharedMemPerBlock}")
+        # AMD has no opt-in: a block may use all of a workgroup's LDS (the plan's smem_per_block, which
+        # StreamDriver.load found too small), and a plan asking more cannot run here
+        raise InputError(f"a kernel asks {nbytes} bytes of dynamic shared memory beyond what a block gets here "
+                         f"({self.props.sharedMemPerBlock} bytes in all); AMD GPUs have no opt-in")
 
     def malloc(self, nbytes: int) -> DeviceBuffer:
         ptr = self.api.hipMalloc(nbytes)
