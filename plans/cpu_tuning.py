@@ -113,7 +113,8 @@ def build_id() -> str:
     return hashlib.sha256(repr((code, np.__version__, blas.get("name"), blas.get("version"))).encode()).hexdigest()[:16]
 
 
-def _last_level_cache() -> int:
+def last_level_cache() -> int:
+    """Bytes of this machine's largest CPU cache (32 MiB where /sys does not say)."""
     sizes = []
     for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
         try:
@@ -130,7 +131,7 @@ def probe(p: Projection, cands: list[Strategy], round_seconds: float) -> Verdict
     stream from memory as in a real step (twice the last-level cache), checked against each row alone."""
     rng = np.random.default_rng(p.k * 1_000_003 + sum(p.ns) * 31 + p.rows)
     ws0 = [rng.random((n, p.k), np.float32) - np.float32(0.5) for n in p.ns]
-    copies = max(1, min(64, math.ceil(2 * _last_level_cache() / (4 * p.k * (sum(p.ns) + p.rows)))))
+    copies = max(1, min(64, math.ceil(2 * last_level_cache() / (4 * p.k * (sum(p.ns) + p.rows)))))
     ws = [ws0] + [[w.copy() for w in ws0] for _ in range(copies - 1)]
     xs = [rng.random((p.rows, p.k), np.float32) - np.float32(0.5) for _ in range(copies)]
     reference = [np.concatenate([xs[0][r:r + 1] @ w.T for r in range(p.rows)]) for w in ws0]

@@ -77,9 +77,10 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
         isa, rows = rows[0], rows[1:]
         assert isa["decision"].startswith("cpu:isa:") and isa["default"] == paths[0] == cpu_build.best_isa()
         assert set(isa["medians"]) == set(paths) and not isa["rejected"] and isa["chosen"] in paths
-    # every projection and the tail decide their task rows, per kernel, shape and phase rows
+    # every projection and the tail decide their schedule, per kernel, shape and phase rows
+    default = cpu_native_tuning.NativeTasks(None, open_model(TINY_SPM).file, {}).default.name
     for r in rows:
-        assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == "t16"
+        assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == default
         assert r["chosen"] in r["medians"] and not r["rejected"]
 
     def no_probe(*a):
@@ -114,9 +115,20 @@ def _candidates(model) -> tuple[dict[str, list[str]], str]:
     device = local_cpu()
     phases, _, _, table = lower_phases(model, device, limits_for(model, 64, 16, 2))
     cpu, decisions, build_id = choose_cpu_kernels(model, phases, table, device, TuneStore(None))
-    names = (cpu_native_tuning.NativeTasks.candidates if cpu["cpu"]["kernels"] == "native"
+    names = (cpu_native_tuning.NativeTasks(None, model.file, phases).candidates if cpu["cpu"]["kernels"] == "native"
              else cpu_tuning.candidates)
     return {d.key: [c.name for c in names(d.projection)] for d in decisions if d.projection}, build_id
+
+
+def test_the_heuristic_prefetches_only_for_a_model_larger_than_the_cache(monkeypatch):
+    """Without an entry, a model held in the last-level cache gets no prefetch (t16a0), a larger one the
+    family's default distance (t16); either is the first candidate, the probes' reference."""
+    file = open_model(TINY_BPE).file
+    for cache, want in ((file.size, "t16a0"), (file.size - 1, "t16")):
+        monkeypatch.setattr(cpu_tuning, "last_level_cache", lambda: cache)
+        kind = cpu_native_tuning.NativeTasks(None, file, {})
+        assert kind.default.name == want and kind.candidates(None)[0] == kind.default
+        assert sorted(c.name for c in kind.candidates(None)) == sorted(matmul.MEMBERS)
 
 
 def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
