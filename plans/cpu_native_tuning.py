@@ -87,7 +87,7 @@ class NativeTasks:
 
     def candidates(self, shape: Shape) -> list[Schedule]:
         """The heuristic's schedule first (the reference the others are checked against)."""
-        every = [Schedule(*matmul.schedule({"member": m})) for m in matmul.MEMBERS]
+        every = [Schedule(*s) for s in matmul.SCHEDULES]
         return [self.default, *(s for s in every if s != self.default)]
 
     def build_id(self) -> str:

@@ -140,7 +140,8 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
                 k, nrows = t.shape
                 fn = getattr(lib.lib, kernels[t.type.name].name)
                 t0 = time.perf_counter()
-                fn(xs[(t.type.name, k)].ctypes.data, raw[n].ctypes.data, ys[n].ctypes.data, rows, k, nrows, 0, -1)
+                fn(xs[(t.type.name, k)].ctypes.data, raw[n].ctypes.data, ys[n].ctypes.data, rows, k, nrows,
+                   matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
                 kind = "head" if n == "token_embd.weight" else n.split(".", 2)[-1]
                 kinds[kind] = kinds.get(kind, 0.0) + time.perf_counter() - t0
             total = time.perf_counter() - t_all

@@ -544,7 +544,6 @@ inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, i
 }
 
 constexpr int TASK_ROWS = 16;  // weight rows per task when the launch does not say (tune store: task_rows)
-constexpr int AHEAD_TILES = 2;  // the one-row engines' prefetch distance in tiles, likewise (tune store: ahead)
 
 // The row loop of a projection launch: weights w[s] (format F0, F1, F2; n[s] rows each) against the
 // packed activations x [rows, k]; out(task, segment, weight row, activation row, value) for every
@@ -556,7 +555,7 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
   static_assert(NSEG == 1 || act_of<F1>() == ACT, "segments must take the same activations");
   static_assert(NSEG < 3 || act_of<F2>() == ACT, "segments must take the same activations");
   if (rows <= 0) return 0;
-  const int tr = task_rows > 0 ? task_rows : TASK_ROWS, tiles = ahead >= 0 ? ahead : AHEAD_TILES;
+  const int tr = task_rows > 0 ? task_rows : TASK_ROWS;
   int first[NSEG + 1];
   first[0] = 0;
   for (int s = 0; s < NSEG; ++s) first[s + 1] = first[s] + (n[s] + tr - 1) / tr;
@@ -567,12 +566,12 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
     while (t >= first[s + 1]) ++s;
     const int r0 = (t - first[s]) * tr, r1 = lp_min(n[s], r0 + tr);
     auto o = [&](int row, int col, float v) { out(t, s, row, col, v); };
-    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, tiles, o);
+    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, ahead, o);
     if constexpr (NSEG >= 2) {
-      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, tiles, o);
+      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, ahead, o);
     }
     if constexpr (NSEG >= 3) {
-      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, tiles, o);
+      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, ahead, o);
     }
   });
   return first[NSEG];

@@ -34,7 +34,7 @@ BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 3
 TASK_ROWS = (8, 16, 32, 64)
 DEFAULT_TASK_ROWS = 16
 AHEAD = (0, 1, 2, 4)
-DEFAULT_AHEAD = 2  # matmul.h AHEAD_TILES
+DEFAULT_AHEAD = 2
 OPS = ("matmul", "matmul_segmented", "matmul_residual")
 
 
@@ -63,9 +63,10 @@ def member(rows: int, ahead: int) -> str:
     return f"t{rows}" if ahead == DEFAULT_AHEAD else f"t{rows}a{ahead}"
 
 
-# the default first; task sizes at the default distance, and distances at the default task size
-MEMBERS = tuple(dict.fromkeys([member(DEFAULT_TASK_ROWS, DEFAULT_AHEAD), *(member(n, DEFAULT_AHEAD) for n in TASK_ROWS),
-                               *(member(DEFAULT_TASK_ROWS, a) for a in AHEAD)]))
+# (task rows, ahead): the default first; task sizes at the default distance, distances at the default size
+SCHEDULES = tuple(dict.fromkeys([(DEFAULT_TASK_ROWS, DEFAULT_AHEAD), *((n, DEFAULT_AHEAD) for n in TASK_ROWS),
+                                 *((DEFAULT_TASK_ROWS, a) for a in AHEAD)]))
+MEMBERS = tuple(member(*s) for s in SCHEDULES)
 
 
 def schedule(launch: dict[str, Any]) -> tuple[int, int]:
