@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .formats import FORMATS, Format, dequantize, planes
+from .formats import FORMATS, Format, dequantize, k_scale_min, planes
 
 
 def _rows_k(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -28,6 +28,39 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
     out = np.zeros(total, np.uint8)
     for p in ps:
         out[p.offset:p.offset + p.nbytes] = np.ascontiguousarray(blocks[p.name]).view(np.uint8).reshape(-1)
+    return out
+
+
+ROWS16 = 16  # rows per record of the rows16 layout
+ROWS16_RECORD = 2368  # bytes of a record (codegen/cpu/rows16.h R16_BYTES)
+
+
+def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
+    if fmt.name != "Q4_K":
+        raise ValueError(f"the rows16 layout holds Q4_K weights, not {fmt.name}")
+    rows, k = _rows_k(shape)
+    return -(-rows // ROWS16) * (k // fmt.block) * ROWS16_RECORD
+
+
+def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
+    """Q4_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the record and why): rows padded
+    with zeros to a multiple of 16, records in order (row group, super-block)."""
+    _rows16_bytes(fmt, shape)
+    rows, k = _rows_k(shape)
+    groups, nsb = -(-rows // ROWS16), k // fmt.block
+    b = np.zeros((groups * ROWS16, nsb), fmt.layout)
+    b[:rows] = fmt.blocks(raw).reshape(rows, nsb)
+    b = b.reshape(groups, ROWS16, nsb).transpose(0, 2, 1)  # (group, sb, row)
+    sc, mn = k_scale_min(b["scales"].reshape(-1, 12))
+    sc, mn = sc.reshape(groups, nsb, ROWS16, 8), mn.reshape(groups, nsb, ROWS16, 8)
+    qs = b["qs"].reshape(groups, nsb, ROWS16, 4, 8, 4)  # (.., row, g, t, byte)
+    half = lambda f: np.ascontiguousarray(b[f]).view(np.uint8).reshape(groups, nsb, 32)  # noqa: E731
+    parts = [half("d"), half("dmin"),
+             sc.transpose(0, 1, 3, 2).reshape(groups, nsb, 128),  # (sub-block, row)
+             mn.reshape(groups, nsb, ROWS16, 4, 2).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 128),  # (pair, row, 2)
+             qs.transpose(0, 1, 3, 4, 2, 5).reshape(groups, nsb, 2048)]  # (g, t, row, byte)
+    out = np.concatenate([p.astype(np.uint8, copy=False) for p in parts], axis=-1).reshape(-1)
+    assert out.nbytes == groups * nsb * ROWS16_RECORD
     return out
 
 
@@ -54,6 +87,10 @@ LAYOUTS: dict[str, Layout] = {
     "blocks": Layout("blocks", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
+    "rows16": Layout("rows16", 1, True, _rows16_bytes, _rows16,
+                     "Q4_K projections of the CPU target's compiled kernels, made once at load: 16 rows' super-blocks "
+                     "side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot product "
+                     "instruction serves 16 rows; the file's pages of these tensors are released"),
     "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _planar,
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
                      "so a GPU lane's 16-byte load reads one field of consecutive blocks"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import codecs
+import mmap
 import os
 import struct
 from dataclasses import dataclass
@@ -393,6 +394,17 @@ class GGUFFile:
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         return self._map[t.offset : t.offset + t.nbytes]
+
+    def release(self, name: str) -> None:
+        """Drop one tensor's mapped pages from this process's memory (its bytes are held elsewhere, in a
+        layout made from them): the pages wholly inside it, read from the file again if touched."""
+        if self._map is None:
+            return
+        t = self.tensors[name]
+        start = -(-t.offset // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (t.offset + t.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._map._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def close(self) -> None:
         self._map = None

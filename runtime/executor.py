@@ -158,7 +158,8 @@ class Executor:
         self.load.weight_bytes += data.nbytes
         if layouts.LAYOUTS[layout].copies:
             self.load.copied_bytes += data.nbytes
-        dtype = "f32" if layout == "f32" else "u8" if layout == "planar" else w["format"].lower()
+            self.model.release(name)  # the copy stands for the file's pages
+        dtype = "f32" if layout == "f32" else "u8" if layout in ("planar", "rows16") else w["format"].lower()
         self.weights[(name, layout)] = Region(self._hold(data), 0, data.nbytes, dtype, tuple(w["shape"]), layout)
 
     def _rope_table(self, spec: dict[str, Any], dims: dict[str, int]) -> None:

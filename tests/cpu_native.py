@@ -15,6 +15,7 @@ import pytest
 from kernel_inputs import random_blocks
 from llmplan.codegen import cpu_build
 from llmplan.codegen.kernel import Context, Kernel, Launch
+from llmplan.core import layouts
 from llmplan.core.formats import FORMATS, dequantize
 
 # every path this machine runs; under CI a missing compiler fails instead of skipping
@@ -33,14 +34,19 @@ def library(catalog: Callable[[], list[Kernel]], isa: str) -> cpu_build.CpuLibra
     return _library(tuple(catalog()), isa)
 
 
-def run(lib: cpu_build.CpuLibrary, launches: list[Launch], arrays: dict[str, np.ndarray], dims: dict[str, int]) -> None:
-    """Run launches binding each reference by a key: "buf:N", "weight:NAME", "state:NAME", "cache",
-    "table"."""
+def run(lib: cpu_build.CpuLibrary, launches: list[Launch], arrays: dict[str, np.ndarray], dims: dict[str, int],
+        weights: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> None:
+    """Run launches binding each reference by a key: "buf:N", "weight:NAME" (the file's bytes, made into
+    the reference's layout as the runtime makes it, with the weight's (format, shape) from `weights`),
+    "state:NAME", "cache", "table"."""
     def bind(ref: dict[str, Any]) -> np.ndarray:
         if "buf" in ref:
             return arrays[f"buf:{ref['buf']}"]
         if "weight" in ref:
-            return arrays[f"weight:{ref['weight']}"]
+            raw = arrays[f"weight:{ref['weight']}"]
+            if ref.get("layout") in (None, "blocks"):
+                return raw
+            return layouts.make(ref["layout"], raw, *weights[ref["weight"]])
         if "state" in ref:
             return arrays[f"state:{ref['state']}"]
         if "cache" in ref:

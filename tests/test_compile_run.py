@@ -91,6 +91,7 @@ def test_stops_at_end_of_generation(tmp_path_factory, monkeypatch):
     monkeypatch.setattr(engine.tokenizer, "is_eog", lambda t: t == second)
     gen = _one(engine, prompt, 5)
     assert gen.finish_reason == "stop" and gen.ids == [first, second]
+    monkeypatch.undo()  # the model's own end of generation again: the context ends a long one
     long = _one(engine, engine.tokenizer.encode("a"), 500)
     assert long.finish_reason == "length" and len(long.prompt_ids) + len(long.ids) <= 128
 
@@ -131,10 +132,13 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     code, out, _ = cli("inspect", plan, "--json")
     s = json.loads(out)
     w = s["weights"]
-    assert s["phases"]["decode"]["launches"] == 24 and set(w["layouts"]) == {"blocks", "f32"}
+    assert s["phases"]["decode"]["launches"] == 24 and set(w["layouts"]) == {"blocks", "f32", "rows16"}
     assert not w["layouts"]["blocks"]["copies"] and "token_embd.weight" in w["layouts"]["blocks"]["tensors"]
-    # the norm vectors alone are copied, as float32: one per layer twice, the final norm
-    assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] and len(w["layouts"]["f32"]["tensors"]) == 2 * 2 + 1
+    # copies: the norm vectors as float32 (one per layer twice, the final norm) and the Q4_K projections
+    # in rows16 records (the layers' 7 projections but blk.1's Q6_K ffn_down and attn_v)
+    assert w["copied_bytes"] == w["layouts"]["f32"]["bytes"] + w["layouts"]["rows16"]["bytes"]
+    assert len(w["layouts"]["f32"]["tensors"]) == 2 * 2 + 1 and len(w["layouts"]["rows16"]["tensors"]) == 7 + 5
+    assert "blk.1.ffn_down.weight" in w["layouts"]["blocks"]["tensors"]
     # the store off: the heuristic's schedule, no prefetch where the model fits the last-level cache
     member = "t16a0" if TINY_BPE.stat().st_size <= cpu_tuning.last_level_cache() else "t16"
     assert s["phases"]["decode"]["kernels"][f"matmul/{member}"] == 9

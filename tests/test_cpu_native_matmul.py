@@ -77,7 +77,7 @@ def project(isa, op, formats, rows, ns, rng, member=None, residual=False, inplac
         arrays[f"buf:{len(bufs) - 1}"] = ys[0] if inplace else r
     ctx = context(bufs, {w: (f, (n, k)) for w, f, n in zip(names, formats, ns)})
     launch = {"op": op, "attrs": {}, "args": args, "outs": [{"buf": 1 + i} for i in range(len(ns))], "member": member}
-    run(lib, matmul.launches(launch, ctx), arrays, {"rows": rows})
+    run(lib, matmul.launches(launch, ctx), arrays, {"rows": rows}, ctx.weights)
     want = [np.empty((rows, n), np.float32) for n in ns]
     dense = [d for _, d in ws]
     if residual:
@@ -107,7 +107,7 @@ def test_launch_record():
 
 
 def test_names_and_members():
-    assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_q4_k_q6_k_seg3_res0"
+    assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_seg3_res0"
     assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
     default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
     assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD) and matmul.schedule({}) == default
@@ -208,3 +208,14 @@ def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     got, want, _ = project(isa, "matmul", ["F32"], rows, [n], rng, ws=[(raw, dequantize(raw, "F32", (n, -1)))])
     assert np.isinf(got[0][:, 5]).all() and np.array_equal(got[0][:, 5], want[0][:, 5])
     assert np.array_equal(np.isfinite(got[0]), np.isfinite(want[0]))
+
+
+@needs_compiler
+def test_rows16_gives_the_same_bits_on_every_path(rng):
+    """Q4_K in rows16 records: exact integers per super-block, then the same float steps per row, so the
+    scalar, avx2 and avx512 paths agree bit for bit, batched and alone."""
+    rows, n = 6, 35
+    first, _, (x, ws) = project(ISAS[0], "matmul", ["Q4_K"], rows, [n], rng, "t8")
+    for isa in ISAS[1:]:
+        got, _, _ = project(isa, "matmul", ["Q4_K"], rows, [n], rng, "t32", x=x, ws=ws)
+        assert np.array_equal(got[0], first[0]), isa

@@ -28,7 +28,7 @@ inline void tail_argmax(const float* x, const float* norm, const void* head, int
                         float eps, int task_rows, int ahead) {
   std::vector<uint64_t> packed((packed_bytes<FMT>(rows, k) + 7) / 8);
   rmsnorm_pack<FMT>(x, norm, packed.data(), rows, k, eps);
-  const int tr = task_rows > 0 ? task_rows : TASK_ROWS;
+  const int tr = task_rows_of<HF>(task_rows);
   const int tasks = (vocab + tr - 1) / tr;
   std::vector<LpBest> best((size_t)tasks * rows, lp_no_best());
   const void* w[1] = {head};
