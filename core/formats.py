@@ -251,10 +251,15 @@ def _q5_k(b):
     return _k_scaled(b, nibbles(b["qs"], 32) | (bits(b["qh"], 1, 32) << np.uint8(4)))
 
 
+def q6k_values(b: np.ndarray) -> np.ndarray:
+    """Q6_K blocks' 6-bit values 0..63 [n, 256], before the offset of 32."""
+    return nibbles(b["ql"], 64) | (bits(b["qh"], 2, 32) << np.uint8(4))
+
+
 def _q6_k(b):
     n = b.shape[0]
     d = (_col(b["d"]) * _f32(b["scales"])).reshape(n, 16, 1)
-    q = (nibbles(b["ql"], 64) | (bits(b["qh"], 2, 32) << np.uint8(4))).astype(np.int8) - np.int8(32)
+    q = q6k_values(b).astype(np.int8) - np.int8(32)
     return (d * _f32(q).reshape(n, 16, 16)).reshape(n, QK_K)
 
 

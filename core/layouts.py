@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from .formats import FORMATS, Format, dequantize, k_scale_min, planes
+from .formats import FORMATS, Format, dequantize, k_scale_min, nibbles, planes, q6k_values
 
 
 def _rows_k(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -32,36 +32,62 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 
 ROWS16 = 16  # rows per record of the rows16 layout
-ROWS16_RECORD = 2368  # bytes of a record (codegen/cpu/rows16.h R16_BYTES)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6 BYTES)
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
-    if fmt.name != "Q4_K":
-        raise ValueError(f"the rows16 layout holds Q4_K weights, not {fmt.name}")
+    if fmt.name not in ROWS16_RECORD:
+        raise ValueError(f"the rows16 layout holds {' and '.join(ROWS16_RECORD)} weights, not {fmt.name}")
     rows, k = _rows_k(shape)
-    return -(-rows // ROWS16) * (k // fmt.block) * ROWS16_RECORD
+    return -(-rows // ROWS16) * (k // fmt.block) * ROWS16_RECORD[fmt.name]
+
+
+def _chunks(values: np.ndarray) -> np.ndarray:
+    """A super-block's 256 values [..., row, 256] as rows16 vectors [..., g, half, t, row, byte]: value
+    64g + 32 half + 4t + byte of each row."""
+    v = values.reshape(*values.shape[:-2], ROWS16, 4, 2, 8, 4)
+    return np.moveaxis(v, -5, -2)
 
 
 def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
-    """Q4_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the record and why): rows padded
-    with zeros to a multiple of 16, records in order (row group, super-block)."""
-    _rows16_bytes(fmt, shape)
+    """Q4_K or Q6_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
+    rows padded with zeros to a multiple of 16, records in order (row group, super-block). Made 64 row
+    groups at a time, so that the temporaries stay small beside a large weight."""
     rows, k = _rows_k(shape)
-    groups, nsb = -(-rows // ROWS16), k // fmt.block
-    b = np.zeros((groups * ROWS16, nsb), fmt.layout)
-    b[:rows] = fmt.blocks(raw).reshape(rows, nsb)
-    b = b.reshape(groups, ROWS16, nsb).transpose(0, 2, 1)  # (group, sb, row)
-    sc, mn = k_scale_min(b["scales"].reshape(-1, 12))
-    sc, mn = sc.reshape(groups, nsb, ROWS16, 8), mn.reshape(groups, nsb, ROWS16, 8)
-    qs = b["qs"].reshape(groups, nsb, ROWS16, 4, 8, 4)  # (.., row, g, t, byte)
-    half = lambda f: np.ascontiguousarray(b[f]).view(np.uint8).reshape(groups, nsb, 32)  # noqa: E731
-    parts = [half("d"), half("dmin"),
-             sc.transpose(0, 1, 3, 2).reshape(groups, nsb, 128),  # (sub-block, row)
-             mn.reshape(groups, nsb, ROWS16, 4, 2).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 128),  # (pair, row, 2)
-             qs.transpose(0, 1, 3, 4, 2, 5).reshape(groups, nsb, 2048)]  # (g, t, row, byte)
-    out = np.concatenate([p.astype(np.uint8, copy=False) for p in parts], axis=-1).reshape(-1)
-    assert out.nbytes == groups * nsb * ROWS16_RECORD
+    out = np.empty(_rows16_bytes(fmt, shape), np.uint8)
+    blocks = fmt.blocks(raw).reshape(rows, k // fmt.block)
+    step = 64 * ROWS16
+    record = ROWS16_RECORD[fmt.name] * (k // fmt.block)  # bytes of a row group
+    for r0 in range(0, rows, step):
+        part = _rows16_groups(blocks[r0:r0 + step], fmt)
+        out[r0 // ROWS16 * record:][:part.nbytes] = part
     return out
+
+
+def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
+    """The records of blocks [rows, super-blocks] (rows padded to a multiple of 16)."""
+    rows, nsb = blocks.shape
+    groups = -(-rows // ROWS16)
+    b = np.zeros((groups * ROWS16, nsb), fmt.layout)
+    b[:rows] = blocks
+    b = b.reshape(groups, ROWS16, nsb).transpose(0, 2, 1)  # (group, sb, row)
+    flat = lambda a, n: np.ascontiguousarray(a).view(np.uint8).reshape(groups, nsb, n)  # noqa: E731
+    by_row = lambda a: a.reshape(groups, nsb, ROWS16, -1).transpose(0, 1, 3, 2)  # (.., sub-block, row)  # noqa: E731
+    if fmt.name == "Q4_K":
+        sc, mn = k_scale_min(b["scales"].reshape(-1, 12))
+        qs = _chunks(nibbles(b["qs"].reshape(-1, 128), 32).reshape(groups, nsb, ROWS16, 256))
+        parts = [flat(b["d"], 32), flat(b["dmin"], 32), flat(by_row(sc), 128),
+                 flat(mn.reshape(groups, nsb, ROWS16, 4, 2).transpose(0, 1, 3, 2, 4), 128),  # (pair, row, 2)
+                 flat(qs[..., 0, :, :, :] | qs[..., 1, :, :, :] << np.uint8(4), 2048)]
+    else:
+        q = q6k_values(b.reshape(-1)).reshape(groups, nsb, ROWS16, 256)
+        lo, hi = _chunks(q & np.uint8(15)), q >> np.uint8(4)
+        top = hi.reshape(groups, nsb, ROWS16, 2, 4, 8, 4)  # (.., row, G, i, t, byte): value 128G + 32i + 4t + byte
+        top = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1, 1)).sum(axis=-3, dtype=np.uint8)
+        parts = [flat(b["d"], 32), flat(by_row(b["scales"].reshape(-1, 16)), 256),
+                 flat(lo[..., 0, :, :, :] | lo[..., 1, :, :, :] << np.uint8(4), 2048),
+                 flat(np.moveaxis(top, -4, -2), 1024)]  # (G, t, row, byte)
+    return np.concatenate(parts, axis=-1).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -88,9 +114,9 @@ LAYOUTS: dict[str, Layout] = {
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
     "rows16": Layout("rows16", 1, True, _rows16_bytes, _rows16,
-                     "Q4_K projections of the CPU target's compiled kernels, made once at load: 16 rows' super-blocks "
-                     "side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot product "
-                     "instruction serves 16 rows; the file's pages of these tensors are released"),
+                     "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
+                     "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
+                     "product instruction serves 16 rows; the file's pages of these tensors are released"),
     "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _planar,
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
                      "so a GPU lane's 16-byte load reads one field of consecutive blocks"),

@@ -12,7 +12,7 @@ from collections import Counter
 from typing import Any
 
 from llmplan.core.errors import InputError
-from llmplan.core.layouts import LAYOUTS
+from llmplan.core.layouts import LAYOUTS, layout_bytes
 from llmplan.core.numerics import PAGE, pages_for
 
 from .console import format_table, human_bytes, plural, print_json
@@ -52,10 +52,20 @@ def _layouts(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+def weight_bytes_beyond_file(w: dict[str, Any]) -> int:
+    """What a weight costs beyond the mapped file: its copies made at load, less its file bytes where
+    every layout is a copy (the runtime releases those pages: models/gguf.py GGUFFile.release)."""
+    copies = sum(info["bytes"] for layout, info in w["layouts"].items() if LAYOUTS[layout].copies)
+    if w["layouts"] and all(LAYOUTS[layout].copies for layout in w["layouts"]):
+        copies -= layout_bytes("plain", w["format"], tuple(w["shape"]))
+    return copies
+
+
 def held_beyond_file(header: dict[str, Any], body: dict[str, Any], layouts: dict[str, dict[str, Any]],
                      kv_bytes: int) -> dict[str, int]:
     """The memory a run holds besides the mapped GGUF, by what it is: arena, K/V cache, rope tables,
-    weight copies (norm vectors as float32, relayouts), step-state slots."""
+    weight copies (norm vectors as float32, relayouts) less the file pages they release, step-state
+    slots."""
     tables = {}
     for p in body["phases"].values():
         for launch in p["launches"]:
@@ -68,7 +78,7 @@ def held_beyond_file(header: dict[str, Any], body: dict[str, Any], layouts: dict
     state = sum(4 * math.prod(d if isinstance(d, int) else p["dims"][d] for d in s["shape"])
                 for p in body["phases"].values() for s in p["state"].values())
     out = {"arena": body["arena_bytes"], "kv_cache": kv_bytes, "rope_tables": sum(tables.values()),
-           "weight_copies": sum(d["bytes"] for d in layouts.values() if d["copies"]), "step_state": state}
+           "weight_copies": sum(weight_bytes_beyond_file(w) for w in body["weights"].values()), "step_state": state}
     return out | {"total": sum(out.values())}
 
 
@@ -198,9 +208,11 @@ def run(args: argparse.Namespace) -> int:
     for why, n in s["pruned"].items():
         print(f"  pruned   {plural(n, 'launch', 'launches')}: {why}")
     w = s["weights"]
-    where = "on the device" if "gpu" in body else "beyond the mapped file"
+    where = ("held on the device" if "gpu" in body else
+             f"{human_bytes(s['held_beyond_file']['weight_copies'])} beyond the mapped file, whose pages of the tensors "
+             "held only in copies are released")
     print(f"  weights  {plural(w['count'], 'tensor')}, by the layout their kernels read; {human_bytes(w['copied_bytes'])} "
-          f"made at load, held {where}")
+          f"made at load, {where}")
     for how, d in w["layouts"].items():
         print(f"    {how} (version {LAYOUTS[how].version}): {plural(len(d['tensors']), 'tensor')}, {human_bytes(d['bytes'])}: "
               f"{d['why']}")

@@ -4,8 +4,9 @@
 
 Compiles MODEL for this machine's CPU, runs `plan run` on the plan in a child process (peak resident
 memory: the mapped file's pages it touched, plus what it holds), and splits what `plan inspect` says the
-plan holds beyond the mapped file into a part per layer (the K/V cache, the norm vectors) and a fixed
-part (arena, rope tables, step state, the final norm). With --layers and --file-bytes (the deeper
+plan holds beyond the mapped file into a part per layer (the K/V cache, norm vectors, relayouts) and a fixed
+part (arena, rope tables, step state, the final norm and head). A weight relaid out at load counts
+its copy less the file pages the runtime releases for it. With --layers and --file-bytes (the deeper
 model's file size: `plan make-model ... --dry-run` prints it) it projects the bytes beyond the file and
 the total to that depth, e.g. the llama3-8b preset compiled with --set n_layers=4, projected to 32.
 """
@@ -21,7 +22,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]
 
 from bench_run import compile_plan, plan_run_rss  # noqa: E402  (scripts/)
-from llmplan.plans.cmd_inspect import summarize  # noqa: E402
+from llmplan.plans.cmd_inspect import summarize, weight_bytes_beyond_file  # noqa: E402
 from llmplan.plans.planfile import read_body, read_header  # noqa: E402
 
 
@@ -31,9 +32,8 @@ def per_layer(plan: str) -> dict:
     body = read_body(plan, offset)
     held = summarize(header, body)["held_beyond_file"]
     layers = body["config"]["n_layers"]
-    vectors = [n for n, w in body["weights"].items() if "f32" in w["layouts"]]
-    layer_vectors = sum(body["weights"][n]["layouts"]["f32"]["bytes"] for n in vectors if n.startswith("blk."))
-    layer = (held["kv_cache"] + layer_vectors) / layers
+    layer_weights = sum(weight_bytes_beyond_file(w) for n, w in body["weights"].items() if n.startswith("blk."))
+    layer = (held["kv_cache"] + layer_weights) / layers
     return {"layers": layers, "held_beyond_file": held, "per_layer_bytes": round(layer),
             "fixed_bytes": round(held["total"] - layer * layers), "file_bytes": header["model"]["fingerprint"]["file_size"]}
 
@@ -61,7 +61,7 @@ def main() -> None:
     mib = lambda b: f"{b / 2**20:.1f} MiB"  # noqa: E731
     r = result["plan_run"]
     print(f"{result['model']} ({result['layers']} layers, ctx {args.ctx}): file {mib(result['file_bytes'])}; held beyond "
-          f"it {mib(result['held_beyond_file']['total'])}: {mib(result['per_layer_bytes'])} a layer (K/V, norms) + "
+          f"it {mib(result['held_beyond_file']['total'])}: {mib(result['per_layer_bytes'])} a layer (K/V, norms, relayouts) + "
           f"{mib(result['fixed_bytes'])} fixed (arena, rope tables, step state)")
     print(f"  {r['command']}: peak RSS {r['peak_rss_mib']} MiB ({r['over_file_mib']:+} MiB over the file)")
     if "projected" in result:

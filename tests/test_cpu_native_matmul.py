@@ -98,16 +98,16 @@ def test_launch_record():
     launch = {"op": "matmul_residual", "attrs": {}, "member": "t32",
               "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}, {"buf": 1}], "outs": [{"buf": 2}]}
     (ln,) = matmul.launches(launch, ctx)
-    assert ln.kernel.name == "lp_cpu_matmul_q6_k_seg1_res1" and ln.kernel.source == "matmul.h"
+    assert ln.kernel.name == "lp_cpu_matmul_q6_k_r16_seg1_res1" and ln.kernel.source == "matmul.h"
     assert ln.grid == (1,)
-    assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "blocks"}, {"buf": 1}, {"buf": 2},
+    assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "rows16"}, {"buf": 1}, {"buf": 2},
                        {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}, {"i32": matmul.DEFAULT_AHEAD}]
-    assert ln.kernel.entry.startswith("LP_KERNEL void lp_cpu_matmul_q6_k_seg1_res1(const void* x, const void* w0, "
+    assert ln.kernel.entry.startswith("LP_KERNEL void lp_cpu_matmul_q6_k_r16_seg1_res1(const void* x, const void* w0, "
                                       "const float* r, float* y0, int rows, int k, int n0, int task_rows, int ahead) {")
 
 
 def test_names_and_members():
-    assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_seg3_res0"
+    assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_r16_seg3_res0"
     assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
     default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
     assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD) and matmul.schedule({}) == default
@@ -211,11 +211,12 @@ def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
 
 
 @needs_compiler
-def test_rows16_gives_the_same_bits_on_every_path(rng):
-    """Q4_K in rows16 records: exact integers per super-block, then the same float steps per row, so the
-    scalar, avx2 and avx512 paths agree bit for bit, batched and alone."""
+@pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
+def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
+    """Weights in rows16 records: exact integers per super-block, then the same float steps per row, so
+    the scalar, avx2 and avx512 paths agree bit for bit."""
     rows, n = 6, 35
-    first, _, (x, ws) = project(ISAS[0], "matmul", ["Q4_K"], rows, [n], rng, "t8")
+    first, _, (x, ws) = project(ISAS[0], "matmul", [fmt], rows, [n], rng, "t8")
     for isa in ISAS[1:]:
-        got, _, _ = project(isa, "matmul", ["Q4_K"], rows, [n], rng, "t32", x=x, ws=ws)
+        got, _, _ = project(isa, "matmul", [fmt], rows, [n], rng, "t32", x=x, ws=ws)
         assert np.array_equal(got[0], first[0]), isa

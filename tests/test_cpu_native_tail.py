@@ -29,7 +29,7 @@ def catalog():
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", HEADS)
 def test_tail_argmax_matches_the_twin(fmt, isa, rng):
-    rows, k, vocab = 5, 512, 203  # tasks of 16 head rows, the last partial
+    rows, k, vocab = 5, 512, 203  # tasks of 16 head rows, the last partial (rows16 heads: a partial record)
     x = (rng.standard_normal((rows, k)) * 3).astype(np.float32)
     norm = rng.uniform(0.5, 1.5, k).astype(np.float32)
     raw, dense = weight(rng, fmt, vocab, k)
@@ -40,7 +40,7 @@ def test_tail_argmax_matches_the_twin(fmt, isa, rng):
                               {"weight": "head"}], "outs": [{"buf": 1}]}, ctx)
     out = np.full(rows, -1, np.int32)
     run(library(catalog, isa), launches, {"buf:0": x, "weight:norm": norm, "weight:head": raw, "buf:1": out},
-        {"rows": rows})
+        {"rows": rows}, ctx.weights)
     want = np.empty(rows, np.int32)
     ck.tail_argmax("tail_argmax", attrs, [want], x, norm, dense)
     logits = num.matmul(num.packed_values(num.rmsnorm(x, norm, 1e-6), attrs["format"]), dense)
@@ -52,7 +52,7 @@ def test_tail_argmax_matches_the_twin(fmt, isa, rng):
     for r in range(rows):
         one = np.full(1, -1, np.int32)
         run(library(catalog, isa), launches, {"buf:0": np.ascontiguousarray(x[r:r + 1]), "weight:norm": norm,
-                                              "weight:head": raw, "buf:1": one}, {"rows": 1})
+                                              "weight:head": raw, "buf:1": one}, {"rows": 1}, ctx.weights)
         assert one[0] == out[r]
 
 

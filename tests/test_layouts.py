@@ -1,5 +1,5 @@
-"""The weight layouts a plan names (core/layouts.py): sizes as the planner records them, and the rows16
-record decoded here field by field, as codegen/cpu/rows16.h describes it, giving back the weight."""
+"""The weight layouts a plan names (core/layouts.py): the rows16 records decoded here field by field, as
+codegen/cpu/rows16.h describes them, give back the weight, with the sizes the planner records."""
 
 from __future__ import annotations
 
@@ -11,35 +11,49 @@ from llmplan.core import layouts
 from llmplan.core.formats import FORMATS, dequantize
 
 
-def decode_rows16(data: np.ndarray, rows: int, k: int) -> np.ndarray:
-    """The float32 weight [rows, k] a rows16 buffer holds: value = d * sc * u - dmin * m per 32 values."""
+def _values(vectors: np.ndarray) -> np.ndarray:
+    """[.., g, t, row, byte] 4-bit pairs -> [.., row, 256] values: value 64g + 32 half + 4t + byte is the
+    low (half 0) or high (half 1) nibble of vector (g, t)."""
+    v = np.stack([vectors & 15, vectors >> 4], axis=-4)  # (.., g, half, t, row, byte)
+    return np.moveaxis(v, -2, -5).reshape(*v.shape[:-5], 16, 256)
+
+
+def decode_rows16(fmt: str, data: np.ndarray, rows: int, k: int) -> np.ndarray:
+    """The float32 weight [rows, k] a rows16 buffer holds."""
     nsb, groups = k // 256, -(-rows // 16)
-    rec = data.reshape(groups, nsb, layouts.ROWS16_RECORD)
-    d = rec[..., 0:32].copy().view(np.float16).astype(np.float32)  # (group, sb, row)
-    dmin = rec[..., 32:64].copy().view(np.float16).astype(np.float32)
-    sc = rec[..., 64:192].reshape(groups, nsb, 8, 16).astype(np.float32)  # (.., sub-block, row)
-    m = rec[..., 192:320].reshape(groups, nsb, 4, 16, 2).transpose(0, 1, 2, 4, 3).reshape(groups, nsb, 8, 16)
-    qs = rec[..., 320:].reshape(groups, nsb, 4, 8, 16, 4)  # (.., g, t, row, byte)
-    u = np.stack([qs & 15, qs >> 4], axis=3)  # (.., g, half, t, row, byte): sub-block 2g + half
-    u = u.reshape(groups, nsb, 8, 8, 16, 4).transpose(0, 1, 2, 4, 3, 5).reshape(groups, nsb, 8, 16, 32)
-    w = (d[:, :, None, :, None] * sc[..., None] * u - dmin[:, :, None, :, None] * m[..., None].astype(np.float32))
-    w = w.transpose(0, 3, 1, 2, 4).reshape(groups * 16, k)  # (group, row, sb, sub-block, value)
-    return w[:rows]
+    rec = data.reshape(groups, nsb, layouts.ROWS16_RECORD[fmt])
+    d = rec[..., 0:32].copy().view(np.float16).astype(np.float32)[..., None]  # (group, sb, row, 1)
+    if fmt == "Q4_K":  # d sc u - dmin m per 32 values
+        dmin = rec[..., 32:64].copy().view(np.float16).astype(np.float32)[..., None]
+        sc = np.repeat(np.swapaxes(rec[..., 64:192].reshape(groups, nsb, 8, 16), -1, -2), 32, axis=-1)
+        m = rec[..., 192:320].reshape(groups, nsb, 4, 16, 2).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 16, 8)
+        u = _values(rec[..., 320:].reshape(groups, nsb, 4, 8, 16, 4))
+        w = d * sc * u.astype(np.float32) - dmin * np.repeat(m, 32, axis=-1).astype(np.float32)
+    else:  # d sc (q - 32) per 16 values, q's bits 4..5 at bits 2i of the qh vectors
+        sc = np.repeat(np.swapaxes(rec[..., 32:288].view(np.int8).reshape(groups, nsb, 16, 16), -1, -2), 16, axis=-1)
+        low = _values(rec[..., 288:2336].reshape(groups, nsb, 4, 8, 16, 4))
+        qh = rec[..., 2336:].reshape(groups, nsb, 2, 8, 16, 4)
+        top = np.stack([qh >> 2 * i & 3 for i in range(4)], axis=-4)  # (.., G, i, t, row, byte)
+        top = np.moveaxis(top, -2, -5).reshape(groups, nsb, 16, 256)
+        w = d * sc.astype(np.float32) * ((low | top << 4).astype(np.float32) - 32)
+    return w.transpose(0, 2, 1, 3).reshape(groups * 16, k)[:rows]  # (group, row, sb, value)
 
 
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("rows", [16, 37])
-def test_rows16_holds_the_weight(rows):
+def test_rows16_holds_the_weight(fmt, rows):
     rng = np.random.default_rng(rows)
     k = 512
-    raw = random_blocks(rng, "Q4_K", rows, k).view(np.uint8).reshape(-1)
-    data = layouts.make("rows16", raw, "Q4_K", (rows, k))
-    assert data.nbytes == layouts.layout_bytes("rows16", "Q4_K", (rows, k)) == -(-rows // 16) * 2 * 2368
-    want = dequantize(raw, FORMATS["Q4_K"], (rows, k))
-    np.testing.assert_allclose(decode_rows16(data, rows, k), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
-    padding = data.reshape(-1, 2, 2368)[-1, :, 320:].reshape(2, 4, 8, 16, 4)[:, :, :, rows % 16 or 16:]
-    assert not padding.any(), "rows past the weight's end are zero"
+    raw = random_blocks(rng, fmt, rows, k).view(np.uint8).reshape(-1)
+    data = layouts.make("rows16", raw, fmt, (rows, k))
+    size = -(-rows // 16) * 2 * layouts.ROWS16_RECORD[fmt]
+    assert data.nbytes == layouts.layout_bytes("rows16", fmt, (rows, k)) == size
+    want = dequantize(raw, FORMATS[fmt], (rows, k))
+    np.testing.assert_allclose(decode_rows16(fmt, data, rows, k), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
+    if rows % 16:
+        assert not decode_rows16(fmt, data, 48, k)[rows:].any(), "rows past the weight's end are zero"
 
 
-def test_rows16_is_for_q4_k():
-    with pytest.raises(ValueError, match="Q4_K"):
-        layouts.layout_bytes("rows16", "Q6_K", (16, 256))
+def test_rows16_is_for_q4_k_and_q6_k():
+    with pytest.raises(ValueError, match="Q4_K and Q6_K weights, not Q5_K"):
+        layouts.layout_bytes("rows16", "Q5_K", (16, 256))

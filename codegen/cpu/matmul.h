@@ -5,9 +5,9 @@
 // the weight's quantized values with the packed 8-bit activations (q8_0 / q8_1 / q8_k, field planes as
 // in the arena: common.cuh lp_q8_rows), the per-block scales applied in float; f16 / bf16 / f32
 // weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
-// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K, which
-// the runtime relays out once at load into 16-row records (weight code LP_FMT_Q4_K_R16, rows16.h: its
-// own engine, the same on every path).
+// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K and Q6_K,
+// which the runtime relays out once at load into 16-row records (weight codes LP_FMT_Q4_K_R16 and
+// LP_FMT_Q6_K_R16, rows16.h: their own engine, the same on every path).
 //
 // Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
 // gate|up are one launch; rows16 tasks rounded up to whole records); pool.h hands tasks to threads as
@@ -51,9 +51,11 @@ struct Acts {
   const float* d = nullptr;       // q8_0 / q8_1: [rows, k / 32]; q8_k: [rows, k / 256]
   const float* s = nullptr;       // q8_1: d * (exact sum of the block's values) [rows, k / 32]
   const int16_t* bsums = nullptr; // q8_k: [rows, k / 16]
-  const int32_t* pairs = nullptr; // q8_k: the 32-value sums in int16 pairs [rows, k / 64] (rows16.h)
   std::vector<float> own;         // storage of d and s where they are computed here
-  std::vector<int32_t> own_pairs;
+  std::vector<int32_t> pairs, off; // q8_k: the sums the rows16 records take (rows16.h r16_sums)
+  R16Col col(int c) const {
+    return R16Col{qs + (size_t)c * k, d + (size_t)c * (k / 256), pairs.data() + (size_t)c * (k / 64), off.data() + (size_t)c * (k / 16)};
+  }
 };
 
 template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k) {
@@ -64,8 +66,7 @@ template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k
     if constexpr (ACT == LP_ACT_Q8_K) {
       a.d = (const float*)q.d;
       a.bsums = q.bsums;
-      r16_pair_sums(q.bsums, rows, k, a.own_pairs);
-      a.pairs = a.own_pairs.data();
+      r16_sums(q.bsums, rows, k, a.pairs, a.off);
     } else {
       const size_t nb = (size_t)rows * (k / 32);
       a.own.resize(ACT == LP_ACT_Q8_1 ? 2 * nb : nb);
@@ -89,7 +90,7 @@ enum { LP_ACT_F32 = 5, LP_ACT_BF16 = 6 };
 template <int F> constexpr int act_of() {
   if constexpr (F == LP_FMT_F32) return LP_ACT_F32;
   else if constexpr (F == LP_FMT_BF16) return LP_ACT_BF16;
-  else if constexpr (F == LP_FMT_Q4_K_R16) return LP_ACT_Q8_K;
+  else if constexpr (is_r16<F>) return LP_ACT_Q8_K;
   else return LpWeight<F>::ACT;
 }
 
@@ -540,8 +541,8 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 }
 #endif
 
-// Q4_K in rows16 records (rows16.h): weight rows [r0, r1) (r0 a multiple of 16) against every activation
-// row. Tiles of a record's rows x CT activation rows: one row (decode) takes its four 64-value groups in
+// Rows16 records (rows16.h): weight rows [r0, r1) (r0 a multiple of 16) against every activation row.
+// Tiles of a record's rows x CT activation rows: one row (decode) takes its four 64-value groups in
 // flight; more take CT_R16 rows a pass, one group at a time. A task's records are one stream: no prefetch.
 #if LP_CPU_ISA >= 2
 using VR16 = V512;
@@ -551,27 +552,25 @@ using VR16 = V256;
 constexpr int CT_R16 = 2;
 #endif
 #if LP_CPU_ISA >= 1
-template <int CT, class Out>
-inline void r16_columns(const Rows16& w, int group, int rows_here, const Acts& a, int c0, int ct, Out& out) {
+template <int CT, class Rec, class Out>
+inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Acts& a, int c0, int ct, Out& out) {
   if constexpr (CT > 1) {
     if (ct < CT) return r16_columns<CT - 1>(w, group, rows_here, a, c0, ct, out);
   }
   constexpr int L = VR16::LANES;
+  R16Col cols[CT];
+  for (int i = 0; i < CT; ++i) cols[i] = a.col(c0 + i);
   for (int h = 0; h < R16 / L; ++h) {
     float v[CT][L];
-    const size_t c = c0;
-    const int8_t* qs = a.qs + c * a.k;
-    const float* dk = a.d + c * w.nsb;
-    const int32_t* bp = a.pairs + c * (a.k / 64);
-    if (a.rows == 1) r16_tile<VR16, CT, 4>(w, group, h, qs, dk, bp, a.k, v);
-    else r16_tile<VR16, CT, 1>(w, group, h, qs, dk, bp, a.k, v);
+    if (a.rows == 1) r16_tile<VR16, Rec, CT, 4>(w, group, h, cols, v);
+    else r16_tile<VR16, Rec, CT, 1>(w, group, h, cols, v);
     for (int i = 0; i < CT; ++i)
       for (int r = 0; r < L && L * h + r < rows_here; ++r) out(R16 * group + L * h + r, c0 + i, v[i][r]);
   }
 }
 #endif
-template <class Out> inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, Out& out) {
-  const Rows16 w{(const uint8_t*)raw, a.k / 256};
+template <class Rec, class Out> inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, Out& out) {
+  const Rows16<Rec> w{(const uint8_t*)raw, a.k / 256};
   for (int group = r0 / R16; R16 * group < r1; ++group) {
     const int rows_here = lp_min(R16, r1 - R16 * group);
 #if LP_CPU_ISA >= 1
@@ -579,7 +578,7 @@ template <class Out> inline void rows_r16(const void* raw, int r0, int r1, const
 #else
     for (int c = 0; c < a.rows; ++c) {
       float v[R16];
-      r16_scalar(w, group, a.qs + (size_t)c * a.k, a.d + (size_t)c * w.nsb, a.pairs + (size_t)c * (a.k / 64), v);
+      r16_scalar(w, group, a.col(c), v);
       for (int r = 0; r < rows_here; ++r) out(R16 * group + r, c, v[r]);
     }
 #endif
@@ -590,8 +589,8 @@ template <class Out> inline void rows_r16(const void* raw, int r0, int r1, const
 // the one-row engines prefetch `ahead` tiles on
 template <int F, class Out>
 inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, int ahead, Out& out) {
-  if constexpr (F == LP_FMT_Q4_K_R16) {
-    rows_r16(raw, r0, r1, a, out);
+  if constexpr (is_r16<F>) {
+    rows_r16<typename R16Rec<F>::type>(raw, r0, r1, a, out);
   } else {
     const LpWeight<F, LP_BLOCKS> w(raw, n, a.k);
 #if LP_CPU_ISA >= 1
@@ -607,7 +606,7 @@ constexpr int TASK_ROWS = 16;  // weight rows per task when the launch does not 
 // a task's weight rows in format F for `task_rows` asked (0: TASK_ROWS): rows16 records are not split
 template <int F> constexpr int task_rows_of(int task_rows) {
   const int tr = task_rows > 0 ? task_rows : TASK_ROWS;
-  return F == LP_FMT_Q4_K_R16 ? (tr + R16 - 1) / R16 * R16 : tr;
+  return is_r16<F> ? (tr + R16 - 1) / R16 * R16 : tr;
 }
 
 // The row loop of a projection launch: weights w[s] (format F0, F1, F2; n[s] rows each) against the

@@ -1,95 +1,140 @@
-// rows16.h: Q4_K projections held in 16-row records (layout "rows16", core/layouts.py makes it once at
-// load from the file's blocks), the engine matmul.h runs for them.
+// rows16.h: Q4_K and Q6_K projections held in 16-row records (layout "rows16", core/layouts.py makes
+// it once at load from the file's blocks), the engine matmul.h runs for them.
 //
-// Why a relayout: read in place, a Q4_K super-block's scales are unpacked for every weight row, and each
-// 16 values go through vpmaddubsw plus a scaled vpdpwssd, then a float epilogue per row (matmul.h engine
-// B). Here 16 rows sit side by side, 4 bytes of each per 64-byte vector, so one vpdpbusd takes 4 values
-// of 16 rows against 4 activations broadcast, each int32 lane one row's sum: the lanes are the rows,
-// nothing is summed across lanes, the scales are plain bytes, and the float epilogue serves 16 rows at
-// once. A task's rows are one contiguous stream.
+// Why a relayout: read in place, a K-quant super-block's scales are unpacked for every weight row, and
+// each 16 values go through vpmaddubsw plus a scaled vpdpwssd, then a float epilogue per row (matmul.h
+// engine B). Here 16 rows sit side by side, 4 bytes of each per 64-byte vector, so one vpdpbusd takes 4
+// values of 16 rows against 4 activations broadcast, each int32 lane one row's sum: the lanes are the
+// rows, nothing is summed across lanes, the scales are plain bytes, and the float epilogue serves 16
+// rows at once. A task's rows are one contiguous stream. A record holds the same bytes as the 16 rows'
+// blocks (Q6_K) or 64 more (Q4_K: its mins as int16 pairs).
 //
 // A record: super-block sb of rows 16G .. 16G + 15 (rows past the weight's end are zero), records in
-// order (G, sb), R16_BYTES each:
-//   d    f16[16]          the rows' super-block scales
-//   dmin f16[16]          and mins' scales
-//   sc   u8[8][16]        sub-block j's 6-bit scale, by row (common.cuh lp_k_scale_min)
-//   m    u8[4][16][2]     sub-blocks 2i and 2i + 1's 6-bit mins, by row: a row's pair as one int16 pair
-//   qs   u8[4][8][16][4]  for g, t, row: the row's bytes 32g + 4t .. 32g + 4t + 3 of qs, whose low nibbles
-//                         are values 64g + 4t .. + 3 (sub-block 2g) and high nibbles values 64g + 32 + 4t
-//                         .. + 3 (sub-block 2g + 1)
-// A row's result, for every path: per super-block the exact integers
-//   isum = sum_j sc_j * (u_j . x_j)   and   msum = sum_j m_j * (sum of x_j)   (j: the 32-value sub-blocks)
-// then acc = fma(float(isum), d * dk, acc) and acc = fma(-float(msum), dmin * dk, acc), super-blocks in
-// order. The integers do not depend on how they are summed, so the scalar, avx2 and avx512 paths give the
+// order (G, sb). Values come in 64-value groups g, each 4-byte chunk t (t < 8) of a row's vector
+// holding values 64g + 4t .. + 3 in its low nibbles and 64g + 32 + 4t .. + 3 in its high ones:
+//   Q4_K (K4, 2368 bytes)                          Q6_K (K6, 3360 bytes)
+//   d    f16[16]          super-block scales        d   f16[16]
+//   dmin f16[16]          and mins' scales          sc  i8[16][16]         16-value sub-block scales
+//   sc   u8[8][16]        32-value sub-block scales ql  u8[4][8][16][4]    low 4 bits (g, t, row, byte)
+//   m    u8[4][16][2]     mins, sub-blocks 2i, 2i+1 qh  u8[2][8][16][4]    bits 4..5 of values 128G +
+//   qs   u8[4][8][16][4]  (g, t, row, byte)                                 32i + 4t + b at bits 2i
+// (scales and mins as common.cuh lp_k_scale_min / quant.cuh's Q6_K unpack them, by sub-block then row).
+// A row's result, for every path: per super-block exact integers, then its float steps, in order:
+//   Q4_K: isum = sum_j sc_j (u_j . x_j), msum = sum_j m_j (sum x_j);
+//         acc = fma(float(isum), d dk, acc), acc = fma(-float(msum), dmin dk, acc)
+//   Q6_K: isum = sum_j sc_j (u_j . x_j - 32 sum x_j);  acc = fma(float(isum), d dk, acc)
+// The integers do not depend on how they are summed, so the scalar, avx2 and avx512 paths give the
 // same bits, and a row's result never depends on the rows beside it, the tile or the thread.
 #pragma once
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "quant.cuh"
 #include "simd.h"
 
 namespace lp_cpu {
 
-enum { LP_FMT_Q4_K_R16 = 100 };  // a CPU-only weight code: Q4_K in rows16 records
+enum { LP_FMT_Q4_K_R16 = 100, LP_FMT_Q6_K_R16 = 101 };  // CPU-only weight codes: rows16 records
 constexpr int R16 = 16;
-constexpr int R16_D = 0, R16_DMIN = 32, R16_SC = 64, R16_M = 192, R16_QS = 320, R16_BYTES = 2368;
 
-struct Rows16 {
-  const uint8_t* base;
-  int nsb;  // super-blocks per row
-  const uint8_t* rec(int group, int sb) const { return base + ((size_t)group * nsb + sb) * R16_BYTES; }
+// One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
+// int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset).
+struct R16Col {
+  const int8_t* x;       // [k]
+  const float* dk;       // [k / 256]
+  const int32_t* pairs;  // [k / 64]
+  const int32_t* off;    // [k / 16]
 };
 
-// the activations' per-sub-block sums that msum takes, as int16 pairs (sub-blocks 2i, 2i + 1): q8_k's
-// 16-value sums added in pairs, [rows, k / 64]
-inline void r16_pair_sums(const int16_t* bsums, int rows, int k, std::vector<int32_t>& out) {
-  out.resize((size_t)rows * (k / 64));
-  for (size_t i = 0; i < out.size(); ++i) {
+// those sums of `rows` q8_k rows, from their 16-value sums
+inline void r16_sums(const int16_t* bsums, int rows, int k, std::vector<int32_t>& pairs, std::vector<int32_t>& off) {
+  pairs.resize((size_t)rows * (k / 64));
+  off.resize((size_t)rows * (k / 16));
+  for (size_t i = 0; i < pairs.size(); ++i) {
     const int16_t* b = bsums + 4 * i;
     const uint32_t lo = (uint16_t)(int16_t)(b[0] + b[1]), hi = (uint16_t)(int16_t)(b[2] + b[3]);
-    out[i] = (int32_t)(lo | hi << 16);
+    pairs[i] = (int32_t)(lo | hi << 16);
   }
+  for (size_t i = 0; i < off.size(); ++i) off[i] = 32 * bsums[i];
 }
 
-// the epilogue of one super-block for one lane
-inline float r16_apply(float acc, int32_t isum, int32_t msum, float d, float dmin, float dk) {
-  acc = std::fma((float)isum, d * dk, acc);
-  return std::fma(-(float)msum, dmin * dk, acc);
-}
+inline float r16_half(const uint8_t* p, int r) { return lp_h2f(((const lp_half*)p)[r]); }
 
-// The scalar path: rows 16G .. 16G + 15 against activation row c (q8_k values qs, scales dk, pair sums bp).
-inline void r16_scalar(const Rows16& w, int group, const int8_t* qs, const float* dk, const int32_t* bp,
-                       float (&out)[R16]) {
+struct K4 {
+  static constexpr int FMT = LP_FMT_Q4_K_R16, BYTES = 2368, SUB = 32;
+  static constexpr bool NARROW = true;  // a sub-block's products fit int16 pairs: 8 x 2 x 15 x 128 = 30720
+  static constexpr int D = 0, DMIN = 32, SC = 64, M = 192, QS = 320;
+  static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {  // values v .. v + 3 (v % 4 == 0) of row r
+    const int g = v / 64, h = v % 64 / 32, t = v % 32 / 4;
+    const uint8_t* p = rec + QS + ((g * 8 + t) * R16 + r) * 4;
+    for (int b = 0; b < 4; ++b) u[b] = h ? p[b] >> 4 : p[b] & 15;
+  }
+  static int32_t term(int32_t s, const uint8_t* rec, int r, int j, const int32_t*) { return s * rec[SC + j * R16 + r]; }
+  static float apply(float acc, int32_t isum, const uint8_t* rec, int r, const int32_t* pairs, const int32_t*, float dk) {
+    int32_t msum = 0;
+    for (int i = 0; i < 4; ++i)
+      msum += rec[M + (i * R16 + r) * 2] * (int16_t)(pairs[i] & 0xFFFF) + rec[M + (i * R16 + r) * 2 + 1] * (int16_t)(pairs[i] >> 16);
+    acc = std::fma((float)isum, r16_half(rec + D, r) * dk, acc);
+    return std::fma(-(float)msum, r16_half(rec + DMIN, r) * dk, acc);
+  }
+};
+
+struct K6 {
+  static constexpr int FMT = LP_FMT_Q6_K_R16, BYTES = 3360, SUB = 16;
+  static constexpr bool NARROW = false;  // 4 x 2 x 63 x 128 does not fit int16
+  static constexpr int D = 0, SC = 32, QL = 288, QH = 2336;
+  static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {
+    const int g = v / 64, h = v % 64 / 32, t = v % 32 / 4, i = 2 * (g % 2) + h;
+    const uint8_t* lo = rec + QL + ((g * 8 + t) * R16 + r) * 4;
+    const uint8_t* hi = rec + QH + (((g / 2) * 8 + t) * R16 + r) * 4;
+    for (int b = 0; b < 4; ++b) u[b] = (h ? lo[b] >> 4 : lo[b] & 15) | (hi[b] >> 2 * i & 3) << 4;
+  }
+  static int32_t term(int32_t s, const uint8_t* rec, int r, int j, const int32_t* off) {
+    return (s - off[j]) * (int8_t)rec[SC + j * R16 + r];
+  }
+  static float apply(float acc, int32_t isum, const uint8_t* rec, int r, const int32_t*, const int32_t*, float dk) {
+    return std::fma((float)isum, r16_half(rec + D, r) * dk, acc);
+  }
+};
+
+// the record of a weight code (void: not a rows16 code)
+template <int F> struct R16Rec { using type = void; };
+template <> struct R16Rec<LP_FMT_Q4_K_R16> { using type = K4; };
+template <> struct R16Rec<LP_FMT_Q6_K_R16> { using type = K6; };
+template <int F> constexpr bool is_r16 = !std::is_void_v<typename R16Rec<F>::type>;
+
+template <class Rec> struct Rows16 {
+  const uint8_t* base;
+  int nsb;  // super-blocks per row
+  const uint8_t* rec(int group, int sb) const { return base + ((size_t)group * nsb + sb) * Rec::BYTES; }
+};
+
+// The scalar path: rows 16G .. 16G + 15 against one activation row.
+template <class Rec> inline void r16_scalar(const Rows16<Rec>& w, int group, const R16Col& col, float (&out)[R16]) {
   for (int r = 0; r < R16; ++r) out[r] = 0.0f;
   for (int sb = 0; sb < w.nsb; ++sb) {
     const uint8_t* rec = w.rec(group, sb);
-    const int8_t* x = qs + 256 * sb;
-    for (int r = 0; r < R16; ++r) {
-      int32_t isum = 0, msum = 0;
-      for (int j = 0; j < 8; ++j) {
-        const int g = j / 2, h = j % 2;
-        int32_t s = 0;
-        for (int t = 0; t < 8; ++t)
-          for (int b = 0; b < 4; ++b) {
-            const uint8_t byte = rec[R16_QS + ((g * 8 + t) * R16 + r) * 4 + b];
-            s += (h ? byte >> 4 : byte & 15) * x[64 * g + 32 * h + 4 * t + b];
-          }
-        isum += s * rec[R16_SC + j * R16 + r];
-      }
-      for (int i = 0; i < 4; ++i) {
-        const int32_t pair = bp[4 * sb + i];
-        msum += rec[R16_M + (i * R16 + r) * 2] * (int16_t)(pair & 0xFFFF) + rec[R16_M + (i * R16 + r) * 2 + 1] * (int16_t)(pair >> 16);
-      }
-      out[r] = r16_apply(out[r], isum, msum, lp_h2f(((const lp_half*)(rec + R16_D))[r]),
-                         lp_h2f(((const lp_half*)(rec + R16_DMIN))[r]), dk[sb]);
+    const int8_t* x = col.x + 256 * sb;
+    int32_t isum[R16] = {};
+    for (int j = 0; j < 256 / Rec::SUB; ++j) {
+      int32_t s[R16] = {};
+      for (int v = Rec::SUB * j; v < Rec::SUB * (j + 1); v += 4)
+        for (int r = 0; r < R16; ++r) {
+          int u[4];
+          Rec::u4(rec, r, v, u);
+          s[r] += u[0] * x[v] + u[1] * x[v + 1] + u[2] * x[v + 2] + u[3] * x[v + 3];
+        }
+      for (int r = 0; r < R16; ++r) isum[r] += Rec::term(s[r], rec, r, j, col.off + 16 * sb);
     }
+    for (int r = 0; r < R16; ++r) out[r] = Rec::apply(out[r], isum[r], rec, r, col.pairs + 4 * sb, col.off + 16 * sb, col.dk[sb]);
   }
 }
 
 #if LP_CPU_ISA >= 1
 // The SIMD engines, over a vector of LANES rows (V512: a record's 16; V256: its half `h`, 8 rows).
-// Within a sub-block the products go to Sub (V512: int32 lanes by vpdpbusd; V256: int16 lanes by
-// vpmaddubsw, at most 8 x 2 x 15 x 128 = 30720, exact), total() turns them into one int32 per row.
+// Within a sub-block the products go to an int32 sum per row (vpdpbusd; avx2: vpmaddubsw then vpmaddwd
+// by 1, or for NARROW records int16 pairs summed by vpmaddwd at the sub-block's end).
 #if LP_CPU_ISA >= 2
 struct V512 {
   static constexpr int LANES = 16;
@@ -97,23 +142,29 @@ struct V512 {
   using F = __m512;
   static I zero() { return _mm512_setzero_si512(); }
   static I load(const uint8_t* p) { return _mm512_loadu_si512(p); }
-  static I lo(I v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
-  static I hi(I v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
-  static I dot(I s, I u, const int8_t* x) { return _mm512_dpbusd_epi32(s, u, _mm512_set1_epi32(lp_ld<int32_t>(x))); }
-  static I total(I s) { return s; }
-  static I scales(const uint8_t* p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)p)); }
+  static I bytes(int v) { return _mm512_set1_epi8((char)v); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I or_(I a, I b) { return _mm512_or_si512(a, b); }
+  static I shl16(I v, int n) { return _mm512_slli_epi16(v, n); }
+  static I shr16(I v, int n) { return _mm512_srli_epi16(v, n); }
+  template <bool NARROW> static I dot(I s, I u, const int8_t* x) {
+    return _mm512_dpbusd_epi32(s, u, _mm512_set1_epi32(lp_ld<int32_t>(x)));
+  }
+  template <bool NARROW> static I total(I s) { return s; }
+  static I scales(const uint8_t* p, bool sign) {
+    const __m128i b = _mm_loadu_si128((const __m128i*)p);
+    return sign ? _mm512_cvtepi8_epi32(b) : _mm512_cvtepu8_epi32(b);
+  }
   static I mul(I a, I b) { return _mm512_mullo_epi32(a, b); }
   static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub(I a, int32_t b) { return _mm512_sub_epi32(a, _mm512_set1_epi32(b)); }
   static I mins(I acc, const uint8_t* p, int32_t pair) {
     return _mm512_dpwssd_epi32(acc, _mm512_cvtepu8_epi16(load32(p)), _mm512_set1_epi32(pair));
   }
   static F halves(const uint8_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
   static F fzero() { return _mm512_setzero_ps(); }
-  static F apply(F acc, I isum, I msum, F d, F dmin, float dk) {
-    const F k = _mm512_set1_ps(dk);
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, k), acc);
-    return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, k), acc);
-  }
+  static F fma(F acc, I n, F d, float dk) { return _mm512_fmadd_ps(_mm512_cvtepi32_ps(n), _mm512_mul_ps(d, _mm512_set1_ps(dk)), acc); }
+  static F fnma(F acc, I n, F d, float dk) { return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(n), _mm512_mul_ps(d, _mm512_set1_ps(dk)), acc); }
   static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
 };
 #endif
@@ -123,71 +174,114 @@ struct V256 {
   using F = __m256;
   static I zero() { return _mm256_setzero_si256(); }
   static I load(const uint8_t* p) { return load32(p); }
-  static I lo(I v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
-  static I hi(I v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
-  static I dot(I s, I u, const int8_t* x) {
-    return _mm256_add_epi16(s, _mm256_maddubs_epi16(u, _mm256_set1_epi32(lp_ld<int32_t>(x))));
+  static I bytes(int v) { return _mm256_set1_epi8((char)v); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I or_(I a, I b) { return _mm256_or_si256(a, b); }
+  static I shl16(I v, int n) { return _mm256_slli_epi16(v, n); }
+  static I shr16(I v, int n) { return _mm256_srli_epi16(v, n); }
+  template <bool NARROW> static I dot(I s, I u, const int8_t* x) {
+    const I p = _mm256_maddubs_epi16(u, _mm256_set1_epi32(lp_ld<int32_t>(x)));
+    return NARROW ? _mm256_add_epi16(s, p) : _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
-  static I total(I s) { return _mm256_madd_epi16(s, _mm256_set1_epi16(1)); }
-  static I scales(const uint8_t* p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)); }
+  template <bool NARROW> static I total(I s) { return NARROW ? _mm256_madd_epi16(s, _mm256_set1_epi16(1)) : s; }
+  static I scales(const uint8_t* p, bool sign) {
+    const __m128i b = _mm_loadl_epi64((const __m128i*)p);
+    return sign ? _mm256_cvtepi8_epi32(b) : _mm256_cvtepu8_epi32(b);
+  }
   static I mul(I a, I b) { return _mm256_mullo_epi32(a, b); }
   static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub(I a, int32_t b) { return _mm256_sub_epi32(a, _mm256_set1_epi32(b)); }
   static I mins(I acc, const uint8_t* p, int32_t pair) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)p)),
                                                     _mm256_set1_epi32(pair)));
   }
   static F halves(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
   static F fzero() { return _mm256_setzero_ps(); }
-  static F apply(F acc, I isum, I msum, F d, F dmin, float dk) {
-    const F k = _mm256_set1_ps(dk);
-    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, k), acc);
-    return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, k), acc);
-  }
+  static F fma(F acc, I n, F d, float dk) { return _mm256_fmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(d, _mm256_set1_ps(dk)), acc); }
+  static F fnma(F acc, I n, F d, float dk) { return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(n), _mm256_mul_ps(d, _mm256_set1_ps(dk)), acc); }
   static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 };
 
-// Lanes [L h, L h + L) of record group `group` against CT activation rows (values qs + c * k, scales
-// dk + c * nsb, pair sums bp + c * k / 64), NG of the four 64-value groups in flight (independent sums:
-// decode's one row needs more of them than its few products can hide).
-template <class V, int CT, int NG>
-inline void r16_tile(const Rows16& w, int group, int h, const int8_t* qs, const float* dk, const int32_t* bp, int k,
-                     float (&out)[CT][V::LANES]) {
-  constexpr int L = V::LANES;
-  const int nsb = w.nsb;
+// The records' vector steps, for lanes [L h, L h + L): values (u0: 64g + 4t + b, u1: 32 on), a
+// sub-block's integer term, and a super-block's float steps.
+template <class V> struct K4V {
+  using I = typename V::I;
+  using F = typename V::F;
+  static void values(const uint8_t* rec, int g, int t, int h, I& u0, I& u1) {
+    const I v = V::load(rec + K4::QS + (g * 8 + t) * 64 + 4 * V::LANES * h);
+    u0 = V::and_(v, V::bytes(0x0F)), u1 = V::and_(V::shr16(v, 4), V::bytes(0x0F));
+  }
+  static I term(I s, const uint8_t* rec, int h, int j, const int32_t*) {
+    return V::mul(s, V::scales(rec + K4::SC + j * R16 + V::LANES * h, false));
+  }
+  static F apply(F acc, I isum, const uint8_t* rec, int h, const int32_t* pairs, const int32_t*, float dk) {
+    I msum = V::zero();
+    for (int i = 0; i < 4; ++i) msum = V::mins(msum, rec + K4::M + i * 2 * R16 + 2 * V::LANES * h, pairs[i]);
+    acc = V::fma(acc, isum, V::halves(rec + K4::D + 2 * V::LANES * h), dk);
+    return V::fnma(acc, msum, V::halves(rec + K4::DMIN + 2 * V::LANES * h), dk);
+  }
+};
+template <class V> struct K6V {
+  using I = typename V::I;
+  using F = typename V::F;
+  static I top(I hb, int i) {  // bits 2i, 2i + 1 of each byte at bits 4, 5
+    const I m = V::bytes(0x30);
+    return i == 0 ? V::and_(V::shl16(hb, 4), m) : i == 1 ? V::and_(V::shl16(hb, 2), m) : i == 2 ? V::and_(hb, m) : V::and_(V::shr16(hb, 2), m);
+  }
+  static void values(const uint8_t* rec, int g, int t, int h, I& u0, I& u1) {
+    const I v = V::load(rec + K6::QL + (g * 8 + t) * 64 + 4 * V::LANES * h);
+    const I hb = V::load(rec + K6::QH + ((g / 2) * 8 + t) * 64 + 4 * V::LANES * h);
+    u0 = V::or_(V::and_(v, V::bytes(0x0F)), top(hb, 2 * (g % 2)));
+    u1 = V::or_(V::and_(V::shr16(v, 4), V::bytes(0x0F)), top(hb, 2 * (g % 2) + 1));
+  }
+  static I term(I s, const uint8_t* rec, int h, int j, const int32_t* off) {
+    return V::mul(V::sub(s, off[j]), V::scales(rec + K6::SC + j * R16 + V::LANES * h, true));
+  }
+  static F apply(F acc, I isum, const uint8_t* rec, int h, const int32_t*, const int32_t*, float dk) {
+    return V::fma(acc, isum, V::halves(rec + K6::D + 2 * V::LANES * h), dk);
+  }
+};
+template <class V, class Rec> struct RecV;
+template <class V> struct RecV<V, K4> : K4V<V> {};
+template <class V> struct RecV<V, K6> : K6V<V> {};
+
+// Lanes [L h, L h + L) of record group `group` against CT activation rows, NG of the four 64-value
+// groups in flight (independent sums: decode's one row needs more of them than its few products hide).
+template <class V, class Rec, int CT, int NG>
+inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)[CT], float (&out)[CT][V::LANES]) {
+  using RV = RecV<V, Rec>;
+  constexpr int PER = 32 / Rec::SUB, CHUNKS = Rec::SUB / 4;  // sub-blocks per 32 values, chunks per sub-block
   typename V::F acc[CT];
   for (int c = 0; c < CT; ++c) acc[c] = V::fzero();
-  for (int sb = 0; sb < nsb; ++sb) {
+  for (int sb = 0; sb < w.nsb; ++sb) {
     const uint8_t* rec = w.rec(group, sb);
-    typename V::I isum[CT], msum[CT];
-    for (int c = 0; c < CT; ++c) isum[c] = msum[c] = V::zero();
-    for (int g0 = 0; g0 < 4; g0 += NG) {
-      typename V::I s[CT][NG][2];
-      for (int c = 0; c < CT; ++c)
-        for (int gi = 0; gi < NG; ++gi) s[c][gi][0] = s[c][gi][1] = V::zero();
-#pragma unroll
-      for (int t = 0; t < 8; ++t)
-        for (int gi = 0; gi < NG; ++gi) {
-          const int g = g0 + gi;
-          const typename V::I v = V::load(rec + R16_QS + (g * 8 + t) * 64 + 4 * L * h);
-          const typename V::I u0 = V::lo(v), u1 = V::hi(v);
-          for (int c = 0; c < CT; ++c) {
-            const int8_t* x = qs + (size_t)c * k + 256 * sb + 64 * g + 4 * t;
-            s[c][gi][0] = V::dot(s[c][gi][0], u0, x);
-            s[c][gi][1] = V::dot(s[c][gi][1], u1, x + 32);
-          }
-        }
-      for (int gi = 0; gi < NG; ++gi) {
-        const int g = g0 + gi;
-        const typename V::I s0 = V::scales(rec + R16_SC + 2 * g * R16 + L * h);
-        const typename V::I s1 = V::scales(rec + R16_SC + (2 * g + 1) * R16 + L * h);
+    typename V::I isum[CT];
+    for (int c = 0; c < CT; ++c) isum[c] = V::zero();
+    for (int g0 = 0; g0 < 4; g0 += NG)
+      for (int q = 0; q < PER; ++q) {
+        typename V::I s[CT][NG][2];
         for (int c = 0; c < CT; ++c)
-          isum[c] = V::add(isum[c], V::add(V::mul(V::total(s[c][gi][0]), s0), V::mul(V::total(s[c][gi][1]), s1)));
+          for (int gi = 0; gi < NG; ++gi) s[c][gi][0] = s[c][gi][1] = V::zero();
+#pragma unroll
+        for (int t = CHUNKS * q; t < CHUNKS * (q + 1); ++t)
+          for (int gi = 0; gi < NG; ++gi) {
+            typename V::I u0, u1;
+            RV::values(rec, g0 + gi, t, h, u0, u1);
+            for (int c = 0; c < CT; ++c) {
+              const int8_t* x = col[c].x + 256 * sb + 64 * (g0 + gi) + 4 * t;
+              s[c][gi][0] = V::template dot<Rec::NARROW>(s[c][gi][0], u0, x);
+              s[c][gi][1] = V::template dot<Rec::NARROW>(s[c][gi][1], u1, x + 32);
+            }
+          }
+        for (int gi = 0; gi < NG; ++gi)
+          for (int half = 0; half < 2; ++half) {
+            const int j = (64 * (g0 + gi) + 32 * half) / Rec::SUB + q;  // the sub-block
+            for (int c = 0; c < CT; ++c)
+              isum[c] = V::add(isum[c], RV::term(V::template total<Rec::NARROW>(s[c][gi][half]), rec, h, j, col[c].off + 16 * sb));
+          }
       }
-    }
-    for (int i = 0; i < 4; ++i)
-      for (int c = 0; c < CT; ++c) msum[c] = V::mins(msum[c], rec + R16_M + i * 2 * R16 + 2 * L * h, bp[(size_t)c * (k / 64) + 4 * sb + i]);
-    const typename V::F d = V::halves(rec + R16_D + 2 * L * h), dmin = V::halves(rec + R16_DMIN + 2 * L * h);
-    for (int c = 0; c < CT; ++c) acc[c] = V::apply(acc[c], isum[c], msum[c], d, dmin, dk[(size_t)c * nsb + sb]);
+    for (int c = 0; c < CT; ++c)
+      acc[c] = RV::apply(acc[c], isum[c], rec, h, col[c].pairs + 4 * sb, col[c].off + 16 * sb, col[c].dk[sb]);
   }
   for (int c = 0; c < CT; ++c) V::store(out[c], acc[c]);
 }

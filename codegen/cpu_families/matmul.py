@@ -8,7 +8,7 @@ threads take as they come free; each task streams its rows of the weight once fo
 
 Launch arguments, in order: x (packed q8_0 / q8_1 / q8_k activations, or f16 / bf16 / f32 values for
 float weights), the weights ({"weight": name, "layout": "blocks"}: the tensor's bytes in the mapped
-GGUF; "rows16" for Q4_K, RELAYOUT), the residual r (matmul_residual; it may be the output itself), the outputs [rows, n] f32, then
+GGUF; "rows16" for Q4_K and Q6_K, RELAYOUT), the residual r (matmul_residual; it may be the output itself), the outputs [rows, n] f32, then
 rows (the activation's row count, usually the symbol "rows"), k, each weight's out rows, task_rows,
 ahead.
 
@@ -43,9 +43,10 @@ class CpuMatmulError(ValueError):
 
 
 # Formats the projections read in a layout made once at load, not in place: (layout, the kernel's weight
-# code, its name in kernel names). Q4_K: rows16 (codegen/cpu/rows16.h), measured 1.9x faster a decode
-# projection than in place on tiny-llama3 (docs/benchmarks.md).
-RELAYOUT = {"Q4_K": ("rows16", "lp_cpu::LP_FMT_Q4_K_R16", "q4_k_r16")}
+# code, its name in kernel names): rows16 records (codegen/cpu/rows16.h), measured faster than in place
+# for every shape of tiny-llama3 and gemma3-270m, one row and 128 (docs/benchmarks.md).
+RELAYOUT = {"Q4_K": ("rows16", "lp_cpu::LP_FMT_Q4_K_R16", "q4_k_r16"),
+            "Q6_K": ("rows16", "lp_cpu::LP_FMT_Q6_K_R16", "q6_k_r16")}
 
 
 def in_place(ref: dict[str, Any]) -> dict[str, Any]:
@@ -56,6 +57,16 @@ def in_place(ref: dict[str, Any]) -> dict[str, Any]:
 def held(ref: dict[str, Any], fmt: str) -> dict[str, Any]:
     """A projection's weight as its kernel reads it: relaid out where RELAYOUT says, else in place."""
     return {"weight": ref["weight"], "layout": RELAYOUT[fmt][0]} if fmt in RELAYOUT else in_place(ref)
+
+
+def weight_code(fmt: str) -> str:
+    """The C++ weight code of a projection weight of format `fmt` as held()."""
+    return RELAYOUT[fmt][1] if fmt in RELAYOUT else f"LP_FMT_{fmt}"
+
+
+def weight_token(fmt: str) -> str:
+    """Its name in kernel names."""
+    return RELAYOUT[fmt][2] if fmt in RELAYOUT else fmt.lower()
 
 
 def check_weight(ctx: Context, ref: dict[str, Any], what: str = "matmul") -> tuple[str, int, int]:
@@ -99,8 +110,7 @@ def kernel(formats: list[str], residual: bool) -> Kernel:
     acts = {ACTIVATION_FORMAT[f.lower()] for f in formats}
     if len(acts) != 1:
         raise CpuMatmulError(f"segments {'/'.join(formats)} take different activations ({', '.join(sorted(acts))})")
-    token = lambda f: RELAYOUT[f][2] if f in RELAYOUT else f.lower()  # noqa: E731
-    fmts = "_".join(token(f) for f in (formats if len(set(formats)) > 1 else formats[:1]))
+    fmts = "_".join(weight_token(f) for f in (formats if len(set(formats)) > 1 else formats[:1]))
     name = f"lp_cpu_matmul_{fmts}_seg{nseg}_res{int(residual)}"
     ws = [f"w{i}" for i in range(nseg)]
     ys = [f"y{i}" for i in range(nseg)]
@@ -108,7 +118,7 @@ def kernel(formats: list[str], residual: bool) -> Kernel:
               + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)]
               + ["int task_rows", "int ahead"])
     pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
-    codes = pad([RELAYOUT[f][1] if f in RELAYOUT else f"LP_FMT_{f}" for f in formats], "0")
+    codes = pad([weight_code(f) for f in formats], "0")
     call = (f"lp_cpu::matmul<{codes}, {nseg}, {'true' if residual else 'false'}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, "
             f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows, ahead)")
