@@ -31,6 +31,7 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
 ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6 BYTES)
 
@@ -49,7 +50,7 @@ def _chunks(values: np.ndarray) -> np.ndarray:
     return np.moveaxis(v, -5, -2)
 
 
-def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
+def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Consumed) -> np.ndarray:
     """Q4_K or Q6_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
     rows padded with zeros to a multiple of 16, records in order (row group, super-block). Made 64 row
     groups at a time, so that the temporaries stay small beside a large weight."""
@@ -58,9 +59,11 @@ def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
     blocks = fmt.blocks(raw).reshape(rows, k // fmt.block)
     step = 64 * ROWS16
     record = ROWS16_RECORD[fmt.name] * (k // fmt.block)  # bytes of a row group
+    row_bytes = fmt.row_bytes(k)
     for r0 in range(0, rows, step):
         part = _rows16_groups(blocks[r0:r0 + step], fmt)
         out[r0 // ROWS16 * record:][:part.nbytes] = part
+        consumed(r0 * row_bytes, min(rows, r0 + step) * row_bytes)
     return out
 
 
@@ -96,7 +99,8 @@ class Layout:
     version: int
     copies: bool  # whether the runtime holds a copy (False: the mapped file's bytes are used in place)
     bytes: Callable[[Format, tuple[int, ...]], int]  # size of a weight of this format and shape
-    make: Callable[[np.ndarray, Format, tuple[int, ...]], np.ndarray]  # from the file's bytes
+    # from the file's bytes, saying which bytes of them it is done with as it goes (a caller may drop those)
+    make: Callable[[np.ndarray, Format, tuple[int, ...], Consumed], np.ndarray]
     why: str
 
 
@@ -106,22 +110,23 @@ def _file_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
 
 
 LAYOUTS: dict[str, Layout] = {
-    "plain": Layout("plain", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
+    "plain": Layout("plain", 1, False, _file_bytes, lambda raw, fmt, shape, consumed: raw,
                     "as in the file: norm weights and rope factors the GPU kernels read as stored"),
-    "rows": Layout("rows", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
+    "rows": Layout("rows", 1, False, _file_bytes, lambda raw, fmt, shape, consumed: raw,
                    "left quantized in the mapped file: only the rows of the step's tokens are dequantized"),
-    "blocks": Layout("blocks", 1, False, _file_bytes, lambda raw, fmt, shape: raw,
+    "blocks": Layout("blocks", 1, False, _file_bytes, lambda raw, fmt, shape, consumed: raw,
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
     "rows16": Layout("rows16", 1, True, _rows16_bytes, _rows16,
                      "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
                      "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),
-    "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _planar,
+    "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1],
+                     lambda raw, fmt, shape, consumed: _planar(raw, fmt, shape),
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
                      "so a GPU lane's 16-byte load reads one field of consecutive blocks"),
     "f32": Layout("f32", 1, True, lambda fmt, shape: 4 * math.prod(shape),
-                  lambda raw, fmt, shape: dequantize(raw, fmt, tuple(shape)),
+                  lambda raw, fmt, shape, consumed: dequantize(raw, fmt, tuple(shape)),
                   "dequantized to float32 at load: the norm vectors the compiled CPU kernels read, and every weight of "
                   "the NumPy CPU backend (NumPy has no int8 GEMV, and float32 BLAS on exactly dequantized weights "
                   "gives the integer block dot products' values)"),
@@ -132,6 +137,9 @@ def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
     return LAYOUTS[layout].bytes(FORMATS[fmt.upper()], tuple(shape))
 
 
-def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Weight `raw` (its file bytes) in `layout`: the bytes a kernel reads (plain, rows, blocks: `raw` itself)."""
-    return LAYOUTS[layout].make(raw, FORMATS[fmt.upper()], tuple(shape))
+def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...],
+         consumed: Consumed = lambda lo, hi: None) -> np.ndarray:
+    """Weight `raw` (its file bytes) in `layout`: the bytes a kernel reads (plain, rows, blocks: `raw` itself).
+    consumed(lo, hi) is called for bytes [lo, hi) of `raw` the making is done with (rows16: chunk by chunk,
+    so that a caller releasing them holds little of both at once)."""
+    return LAYOUTS[layout].make(raw, FORMATS[fmt.upper()], tuple(shape), consumed)

@@ -395,14 +395,16 @@ class GGUFFile:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         return self._map[t.offset : t.offset + t.nbytes]
 
-    def release(self, name: str) -> None:
-        """Drop one tensor's mapped pages from this process's memory (its bytes are held elsewhere, in a
-        layout made from them): the pages wholly inside it, read from the file again if touched."""
+    def release(self, name: str, lo: int = 0, hi: int | None = None) -> None:
+        """Drop bytes [lo, hi) of one tensor's mapped pages from this process's memory (they are held
+        elsewhere, in a layout made from them): the pages wholly inside, read from the file again if
+        touched."""
         if self._map is None:
             return
         t = self.tensors[name]
-        start = -(-t.offset // mmap.PAGESIZE) * mmap.PAGESIZE
-        end = (t.offset + t.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = t.nbytes if hi is None else min(hi, t.nbytes)
+        start = -(-(t.offset + lo) // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = (t.offset + hi) // mmap.PAGESIZE * mmap.PAGESIZE
         if end > start:
             self._map._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 

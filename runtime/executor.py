@@ -150,15 +150,17 @@ class Executor:
             raise InputError(f"weight {name}: the plan has it as {w['format']}, the model file as "
                              f"{self.model.tensors[name].type.name}: recompile the plan")
         t0 = time.perf_counter()
-        data = layouts.make(layout, self.model.tensor_bytes(name), w["format"], tuple(w["shape"]))
+        copies = layouts.LAYOUTS[layout].copies  # a copy stands for the file's pages: they are released
+        release = (lambda lo, hi: self.model.release(name, lo, hi)) if copies else (lambda lo, hi: None)
+        data = layouts.make(layout, self.model.tensor_bytes(name), w["format"], tuple(w["shape"]), release)
         self.load.relayout_s += time.perf_counter() - t0
         info = w["layouts"][layout]
         if data.nbytes != info["bytes"]:
             raise InputError(f"weight {name} in layout {layout}: {data.nbytes} bytes, the plan says {info['bytes']}")
         self.load.weight_bytes += data.nbytes
-        if layouts.LAYOUTS[layout].copies:
+        if copies:
             self.load.copied_bytes += data.nbytes
-            self.model.release(name)  # the copy stands for the file's pages
+            self.model.release(name)
         dtype = "f32" if layout == "f32" else "u8" if layout in ("planar", "rows16") else w["format"].lower()
         self.weights[(name, layout)] = Region(self._hold(data), 0, data.nbytes, dtype, tuple(w["shape"]), layout)
 

@@ -8,6 +8,8 @@ with gguf-py on both fixture models, both llama.cpp vocabulary-only files and th
 from __future__ import annotations
 
 import math
+import mmap
+import struct
 
 import numpy as np
 import pytest
@@ -209,3 +211,26 @@ def test_boundary_values_accepted(tmp_path):
     assert g.get("arr.u64").tolist() == [2**64 - 1]
     assert g.tensors["four"].shape == (2, 3, 4, 5) and g.tensors["four"].nbytes == 480
     assert "n" * 63 in g.tensors
+
+
+def _resident_pages(view: np.ndarray) -> int:
+    """How many of the pages wholly inside a mapped view are resident in this process (/proc/self/pagemap)."""
+    start = -(-view.ctypes.data // mmap.PAGESIZE)
+    end = (view.ctypes.data + view.nbytes) // mmap.PAGESIZE
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(8 * start)
+        entries = struct.unpack(f"{end - start}Q", f.read(8 * (end - start)))
+    return sum(e >> 63 for e in entries)
+
+
+def test_release_drops_a_tensors_pages_and_keeps_its_bytes():
+    """A tensor's pages released (a layout copy stands for them) leave this process and read back the same."""
+    with GGUFFile(TINY_BPE) as g:
+        name = max(g.tensors, key=lambda n: g.tensors[n].nbytes)
+        view = g.tensor_bytes(name)
+        before = view.copy()
+        assert _resident_pages(view) > 0
+        g.release(name, 0, view.nbytes // 2)
+        g.release(name)
+        assert _resident_pages(view) == 0
+        assert np.array_equal(view, before)
