@@ -36,6 +36,7 @@ from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (script
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
 from llmplan.codegen.host import build_library  # noqa: E402
+from llmplan.core import layouts  # noqa: E402
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, planes  # noqa: E402
 from llmplan.models.model import open_model  # noqa: E402
 from llmplan.plans import llama_cpp  # noqa: E402
@@ -119,7 +120,8 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
     lib = cpu_build.CpuLibrary.from_kernels(list(kernels.values()), isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)
-    raw = {n: np.frombuffer(f.tensor_bytes(n), np.uint8) for n, _ in every}
+    raw = {n: layouts.make(matmul.held({"weight": n}, t.type.name)["layout"], np.frombuffer(f.tensor_bytes(n), np.uint8),
+                           t.type.name, tuple(reversed(t.shape))) for n, t in every}  # as the kernels read them
     out: dict = {"weights": len(every), "head": head, "rows": {}}
     for rows in rows_list:
         mats = [(n, t) for n, t in every if rows == 1 or n != head]
@@ -141,7 +143,7 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
                 fn = getattr(lib.lib, kernels[t.type.name].name)
                 t0 = time.perf_counter()
                 fn(xs[(t.type.name, k)].ctypes.data, raw[n].ctypes.data, ys[n].ctypes.data, rows, k, nrows,
-                   matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
+                   matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD, matmul.DEFAULT_COLS)
                 kind = "head" if n == "token_embd.weight" else n.split(".", 2)[-1]
                 kinds[kind] = kinds.get(kind, 0.0) + time.perf_counter() - t0
             total = time.perf_counter() - t_all

@@ -101,17 +101,21 @@ def test_launch_record():
     assert ln.kernel.name == "lp_cpu_matmul_q6_k_r16_seg1_res1" and ln.kernel.source == "matmul.h"
     assert ln.grid == (1,)
     assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "rows16"}, {"buf": 1}, {"buf": 2},
-                       {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}, {"i32": matmul.DEFAULT_AHEAD}]
+                       {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}, {"i32": matmul.DEFAULT_AHEAD},
+                       {"i32": matmul.DEFAULT_COLS}]
     assert ln.kernel.entry.startswith("LP_KERNEL void lp_cpu_matmul_q6_k_r16_seg1_res1(const void* x, const void* w0, "
-                                      "const float* r, float* y0, int rows, int k, int n0, int task_rows, int ahead) {")
+                                      "const float* r, float* y0, int rows, int k, int n0, int task_rows, int ahead, "
+                                      "int cols) {")
 
 
 def test_names_and_members():
     assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_r16_seg3_res0"
     assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
-    default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
-    assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD) and matmul.schedule({}) == default
-    assert matmul.schedule({"member": "t8a0"}) == (8, 0) and matmul.schedule({"member": "t8a3"}) == default
+    default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD, matmul.DEFAULT_COLS)
+    assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD, 0) and matmul.schedule({}) == default
+    assert matmul.schedule({"member": "t8a0"}) == (8, 0, 0) and matmul.schedule({"member": "t8a3"}) == default
+    assert matmul.schedule({"member": "t16c6"}) == (16, matmul.DEFAULT_AHEAD, 6)
+    assert matmul.schedule({"member": "t16a1c2"}) == (16, 1, 2) and matmul.schedule({"member": "t16c5"}) == default
     assert matmul.candidates({}, None)[0] == f"t{matmul.DEFAULT_TASK_ROWS}"
     assert all(matmul.member(*matmul.schedule({"member": m})) == m for m in matmul.MEMBERS)
 
@@ -173,11 +177,15 @@ def test_matmul_segmented_matches_the_twin(formats, isa, rng):
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16"])
 def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
     """Batching never changes a row's result: 9 rows at once, each row alone (with each prefetch distance),
-    another task size and one thread instead of the pool all give the same bits."""
+    another task size, one thread instead of the pool and each pass width give the same bits."""
     rows, n = 9, 45
     got, _, (x, ws) = project(isa, "matmul", [fmt], rows, [n], rng, "t8")
     other, _, _ = project(isa, "matmul", [fmt], rows, [n], rng, "t32", x=x, ws=ws, threads=1)
     assert np.array_equal(got[0], other[0])
+    library(catalog, isa).set_threads(2)
+    for cols in matmul.COLS:
+        other, _, _ = project(isa, "matmul", [fmt], rows, [n], rng, f"t16c{cols}", x=x, ws=ws)
+        assert np.array_equal(got[0], other[0]), f"{cols} columns a pass"
     library(catalog, isa).set_threads(2)
     xbuf, xt = x
     k = k_for(fmt)

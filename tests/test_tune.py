@@ -102,7 +102,7 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     for launch in projections:
         assert launch["member"] == chosen[launch["decision"]]
         want = [{"i32": v} for v in matmul.schedule(launch)]
-        assert all(k["args"][-2:] == want for k in launch["kernels"])
+        assert all(k["args"][-3:] == want for k in launch["kernels"])
     code, out, _ = cli("inspect", tmp_path / "t.plan", "--json")
     assert code == 0 and json.loads(out)["tuning"]["decisions"] == body["tune"]["decisions"]
     code, out, _ = cli("inspect", tmp_path / "t.plan")
@@ -122,13 +122,24 @@ def _candidates(model) -> tuple[dict[str, list[str]], str]:
 
 def test_the_heuristic_prefetches_only_for_a_model_larger_than_the_cache(monkeypatch):
     """Without an entry, a model held in the last-level cache gets no prefetch (t16a0), a larger one the
-    family's default distance (t16); either is the first candidate, the probes' reference."""
+    family's default distance (t16); either is the first candidate, the probes' reference. The others are
+    those that run differently: prefetch distances for weights read in place, pass widths for rows16
+    records with more than one activation row."""
+    def shape(layout: str, rows: int) -> cpu_native_tuning.Shape:
+        phase = {"launches": [{"kernels": [{"name": "k", "args": [{"weight": "n", "layout": "f32"},
+                                                                    {"weight": "w", "layout": layout}]}]}]}
+        return cpu_native_tuning.Shape("k", cpu_tuning.Projection(256, (64,), rows), phase)
+
     file = open_model(TINY_BPE).file
+    aheads, widths = {"t16", "t16a0", "t16a1", "t16a4"}, {"t16c2", "t16c4", "t16c6"}
     for cache, want in ((file.size, "t16a0"), (file.size - 1, "t16")):
         monkeypatch.setattr(cpu_tuning, "last_level_cache", lambda: cache)
         kind = cpu_native_tuning.NativeTasks(None, file, {})
-        assert kind.default.name == want and kind.candidates(None)[0] == kind.default
-        assert sorted(c.name for c in kind.candidates(None)) == sorted(matmul.MEMBERS)
+        assert kind.default.name == want
+        for layout, rows, others in (("blocks", 1, aheads), ("blocks", 8, aheads), ("rows16", 8, widths),
+                                     ("rows16", 1, set())):
+            cands = [c.name for c in kind.candidates(shape(layout, rows))]
+            assert cands[0] == want and sorted(cands) == sorted({want, "t8", "t32", "t64"} | others), cands
 
 
 def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:

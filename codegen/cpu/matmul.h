@@ -543,7 +543,9 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 
 // Rows16 records (rows16.h): weight rows [r0, r1) (r0 a multiple of 16) against every activation row.
 // Tiles of a record's rows x CT activation rows: one row (decode) takes its four 64-value groups in
-// flight; more take CT_R16 rows a pass, one group at a time. A task's records are one stream: no prefetch.
+// flight; more take `cols` rows a pass (the tune store's decision; 0: CT_R16, at most CT_R16_MAX), one
+// group at a time. Each lane's steps are the same at any width, so the width never changes a bit. A
+// task's records are one stream: no prefetch.
 #if LP_CPU_ISA >= 2
 using VR16 = V512;
 constexpr int CT_R16 = 4;
@@ -551,6 +553,7 @@ constexpr int CT_R16 = 4;
 using VR16 = V256;
 constexpr int CT_R16 = 2;
 #endif
+constexpr int CT_R16_MAX = 6;
 #if LP_CPU_ISA >= 1
 template <int CT, class Rec, class Out>
 inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Acts& a, int c0, int ct, Out& out) {
@@ -569,12 +572,15 @@ inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Ac
   }
 }
 #endif
-template <class Rec, class Out> inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, Out& out) {
+template <class Rec, class Out>
+inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, Out& out) {
   const Rows16<Rec> w{(const uint8_t*)raw, a.k / 256};
   for (int group = r0 / R16; R16 * group < r1; ++group) {
     const int rows_here = lp_min(R16, r1 - R16 * group);
 #if LP_CPU_ISA >= 1
-    for (int c0 = 0; c0 < a.rows; c0 += CT_R16) r16_columns<CT_R16>(w, group, rows_here, a, c0, lp_min(CT_R16, a.rows - c0), out);
+    const int width = cols > 0 ? lp_min(cols, CT_R16_MAX) : CT_R16;
+    for (int c0 = 0; c0 < a.rows; c0 += width)
+      r16_columns<CT_R16_MAX>(w, group, rows_here, a, c0, lp_min(width, a.rows - c0), out);
 #else
     for (int c = 0; c < a.rows; ++c) {
       float v[R16];
@@ -586,11 +592,11 @@ template <class Rec, class Out> inline void rows_r16(const void* raw, int r0, in
 }
 
 // weight rows [r0, r1) of a weight in format F (rows n, row length a.k) against every activation row;
-// the one-row engines prefetch `ahead` tiles on
+// the one-row engines prefetch `ahead` tiles on; rows16 records take `cols` activation rows a pass
 template <int F, class Out>
-inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, int ahead, Out& out) {
+inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, int ahead, int cols, Out& out) {
   if constexpr (is_r16<F>) {
-    rows_r16<typename R16Rec<F>::type>(raw, r0, r1, a, out);
+    rows_r16<typename R16Rec<F>::type>(raw, r0, r1, a, cols, out);
   } else {
     const LpWeight<F, LP_BLOCKS> w(raw, n, a.k);
 #if LP_CPU_ISA >= 1
@@ -614,7 +620,7 @@ template <int F> constexpr int task_rows_of(int task_rows) {
 // output, each from one task. Returns the task count (tail.h keeps a best per task).
 template <int F0, int F1, int F2, int NSEG, class Out>
 inline int project(const void* x, const void* const* w, const int* n, int rows, int k, int task_rows, int ahead,
-                   Out out) {
+                   int cols, Out out) {
   constexpr int ACT = act_of<F0>();
   static_assert(NSEG == 1 || act_of<F1>() == ACT, "segments must take the same activations");
   static_assert(NSEG < 3 || act_of<F2>() == ACT, "segments must take the same activations");
@@ -630,12 +636,12 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
     while (t >= first[s + 1]) ++s;
     const int r0 = (t - first[s]) * tr[s], r1 = lp_min(n[s], r0 + tr[s]);
     auto o = [&](int row, int col, float v) { out(t, s, row, col, v); };
-    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, ahead, o);
+    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, ahead, cols, o);
     if constexpr (NSEG >= 2) {
-      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, ahead, o);
+      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, ahead, cols, o);
     }
     if constexpr (NSEG >= 3) {
-      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, ahead, o);
+      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, ahead, cols, o);
     }
   });
   return first[NSEG];
@@ -644,12 +650,12 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
 // matmul / matmul_segmented (y_s = x . W_s^T) and matmul_residual (y0 = r + x . W0^T; r may be y0)
 template <int F0, int F1, int F2, int NSEG, bool RES>
 inline void matmul(const void* x, const void* w0, const void* w1, const void* w2, float* y0, float* y1, float* y2,
-                   const float* r, int rows, int k, int n0, int n1, int n2, int task_rows, int ahead) {
+                   const float* r, int rows, int k, int n0, int n1, int n2, int task_rows, int ahead, int cols) {
   static_assert(!RES || NSEG == 1, "the residual epilogue has one weight");
   const void* w[3] = {w0, w1, w2};
   const int n[3] = {n0, n1, n2};
   float* y[3] = {y0, y1, y2};
-  project<F0, F1, F2, NSEG>(x, w, n, rows, k, task_rows, ahead, [&](int, int s, int row, int col, float v) {
+  project<F0, F1, F2, NSEG>(x, w, n, rows, k, task_rows, ahead, cols, [&](int, int s, int row, int col, float v) {
     const size_t at = (size_t)col * n[s] + row;
     y[s][at] = RES ? r[at] + v : v;
   });

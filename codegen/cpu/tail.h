@@ -25,7 +25,7 @@ template <int FMT> inline size_t packed_bytes(int rows, int k) {
 // HF: the head's format; FMT: the packed format it takes (LP_OUT_*)
 template <int HF, int FMT>
 inline void tail_argmax(const float* x, const float* norm, const void* head, int* out, int rows, int k, int vocab,
-                        float eps, int task_rows, int ahead) {
+                        float eps, int task_rows, int ahead, int cols) {
   std::vector<uint64_t> packed((packed_bytes<FMT>(rows, k) + 7) / 8);
   rmsnorm_pack<FMT>(x, norm, packed.data(), rows, k, eps);
   const int tr = task_rows_of<HF>(task_rows);
@@ -33,7 +33,7 @@ inline void tail_argmax(const float* x, const float* norm, const void* head, int
   std::vector<LpBest> best((size_t)tasks * rows, lp_no_best());
   const void* w[1] = {head};
   const int n[1] = {vocab};
-  project<HF, 0, 0, 1>(packed.data(), w, n, rows, k, tr, ahead, [&](int t, int, int row, int col, float v) {
+  project<HF, 0, 0, 1>(packed.data(), w, n, rows, k, tr, ahead, cols, [&](int t, int, int row, int col, float v) {
     LpBest& b = best[(size_t)t * rows + col];
     if (lp_better(v, row, b.v, b.i)) b = {v, row};
   });

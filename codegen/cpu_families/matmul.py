@@ -8,15 +8,16 @@ threads take as they come free; each task streams its rows of the weight once fo
 
 Launch arguments, in order: x (packed q8_0 / q8_1 / q8_k activations, or f16 / bf16 / f32 values for
 float weights), the weights ({"weight": name, "layout": "blocks"}: the tensor's bytes in the mapped
-GGUF; "rows16" for Q4_K and Q6_K, RELAYOUT), the residual r (matmul_residual; it may be the output itself), the outputs [rows, n] f32, then
-rows (the activation's row count, usually the symbol "rows"), k, each weight's out rows, task_rows,
-ahead.
+GGUF; "rows16" for Q4_K and Q6_K, RELAYOUT), the residual r (matmul_residual; it may be the output
+itself), the outputs [rows, n] f32, then rows (the activation's row count, usually the symbol "rows"),
+k, each weight's out rows, task_rows, ahead, cols.
 
-Members: a schedule, "t<rows>" or "t<rows>a<tiles>": weight rows per task (TASK_ROWS), and how many
-register tiles ahead the one-row engines prefetch weight blocks (AHEAD; 0: none; the hardware
-prefetcher does not follow a tile's rows read side by side). Every member gives the same bits; which
-is fastest depends on the shape and the machine's memory (the tune store's decision); without a member,
-DEFAULT_TASK_ROWS and DEFAULT_AHEAD.
+Members: a schedule, "t<rows>[a<tiles>][c<cols>]": weight rows per task (TASK_ROWS); how many register
+tiles ahead the one-row engines of weights read in place prefetch their blocks (AHEAD; 0: none; the
+hardware prefetcher does not follow a tile's rows read side by side); how many activation rows a pass
+over rows16 records takes (COLS; 0: the SIMD path's own, codegen/cpu/matmul.h CT_R16). Every member gives
+the same bits; which is fastest depends on the shape and the machine (the tune store's decision);
+without a member, DEFAULT_TASK_ROWS, DEFAULT_AHEAD and DEFAULT_COLS.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ TASK_ROWS = (8, 16, 32, 64)
 DEFAULT_TASK_ROWS = 16
 AHEAD = (0, 1, 2, 4)
 DEFAULT_AHEAD = 2
+COLS = (2, 4, 6)
+DEFAULT_COLS = 0
 OPS = ("matmul", "matmul_segmented", "matmul_residual")
 
 
@@ -81,22 +84,27 @@ def check_weight(ctx: Context, ref: dict[str, Any], what: str = "matmul") -> tup
     return fmt, n, k
 
 
-def member(rows: int, ahead: int) -> str:
-    return f"t{rows}" if ahead == DEFAULT_AHEAD else f"t{rows}a{ahead}"
+def member(rows: int, ahead: int, cols: int = DEFAULT_COLS) -> str:
+    return f"t{rows}" + (f"a{ahead}" if ahead != DEFAULT_AHEAD else "") + (f"c{cols}" if cols != DEFAULT_COLS else "")
 
 
-# (task rows, ahead): the default first; task sizes at the default distance, distances at the default size
-SCHEDULES = tuple(dict.fromkeys([(DEFAULT_TASK_ROWS, DEFAULT_AHEAD), *((n, DEFAULT_AHEAD) for n in TASK_ROWS),
-                                 *((DEFAULT_TASK_ROWS, a) for a in AHEAD)]))
+# (task rows, ahead, cols): the default first; then each varied alone from the defaults
+_D = (DEFAULT_TASK_ROWS, DEFAULT_AHEAD, DEFAULT_COLS)
+SCHEDULES = tuple(dict.fromkeys([_D, *((n, *_D[1:]) for n in TASK_ROWS), *((_D[0], a, _D[2]) for a in AHEAD),
+                                 *((*_D[:2], c) for c in COLS)]))
 MEMBERS = tuple(member(*s) for s in SCHEDULES)
 
 
-def schedule(launch: dict[str, Any]) -> tuple[int, int]:
-    """(weight rows per task, prefetch distance in tiles) of a launch's member; the defaults without one."""
-    m = re.fullmatch(r"t(\d+)(?:a(\d+))?", str(launch.get("member") or ""))
-    if not m or int(m.group(1)) not in TASK_ROWS or int(m.group(2) or DEFAULT_AHEAD) not in AHEAD:
-        return DEFAULT_TASK_ROWS, DEFAULT_AHEAD
-    return int(m.group(1)), int(m.group(2) or DEFAULT_AHEAD)
+def schedule(launch: dict[str, Any]) -> tuple[int, int, int]:
+    """(weight rows per task, prefetch distance in tiles, activation rows a rows16 pass) of a launch's
+    member; the defaults without one."""
+    m = re.fullmatch(r"t(\d+)(?:a(\d+))?(?:c(\d+))?", str(launch.get("member") or ""))
+    if not m:
+        return _D
+    s = (int(m.group(1)), int(m.group(2) or DEFAULT_AHEAD), int(m.group(3) or DEFAULT_COLS))
+    if s[0] not in TASK_ROWS or s[1] not in AHEAD or s[2] not in (DEFAULT_COLS, *COLS):
+        return _D
+    return s
 
 
 def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
@@ -116,12 +124,12 @@ def kernel(formats: list[str], residual: bool) -> Kernel:
     ys = [f"y{i}" for i in range(nseg)]
     params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
               + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)]
-              + ["int task_rows", "int ahead"])
+              + ["int task_rows", "int ahead", "int cols"])
     pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
     codes = pad([weight_code(f) for f in formats], "0")
     call = (f"lp_cpu::matmul<{codes}, {nseg}, {'true' if residual else 'false'}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, "
-            f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows, ahead)")
+            f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows, ahead, cols)")
     entry = f"LP_KERNEL void {name}({', '.join(params)}) {{ {call}; }}"
     return Kernel(name, "matmul", "matmul.h", entry, 0)
 

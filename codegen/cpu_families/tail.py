@@ -3,7 +3,7 @@ argmax(pack[format](rmsnorm[eps](x, norm)) . head^T), one int32 per row, the hea
 row loop (codegen/cpu/matmul.h) with no logit reaching memory.
 
 Arguments: (x, norm, head (held as a projection weight is: matmul.held, the layout the logits' matmul
-reads too), out, rows, k, vocab, eps, task_rows, ahead). Members: the matmul family's schedules.
+reads too), out, rows, k, vocab, eps, task_rows, ahead, cols). Members: the matmul family's schedules.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ def kernel(fmt: str, k: int) -> Kernel:
     name = f"lp_cpu_tail_argmax_{weight_token(fmt)}"
     code = out_format(act, k, "tail_argmax")
     entry = (f"LP_KERNEL void {name}(const float* x, const float* norm, const void* head, int* out, int rows, int k, "
-             f"int vocab, float eps, int task_rows, int ahead) {{ lp_cpu::tail_argmax<{weight_code(fmt)}, {code}>("
-             "x, norm, head, out, rows, k, vocab, eps, task_rows, ahead); }")
+             f"int vocab, float eps, int task_rows, int ahead, int cols) {{ lp_cpu::tail_argmax<{weight_code(fmt)}, "
+             f"{code}>(x, norm, head, out, rows, k, vocab, eps, task_rows, ahead, cols); }}")
     return Kernel(name, "tail_argmax", "tail.h", entry, 0)
 
 
