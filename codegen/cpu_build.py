@@ -126,6 +126,9 @@ class CpuLibrary:
         ks = {k.name: k for k in kernels}
         return cls(render(list(ks.values())), {name: list(k.params) for name, k in ks.items()}, isa)
 
+    def has(self, name: str) -> bool:
+        return name in self._types
+
     def entry(self, name: str) -> tuple[Callable[..., None], list[str]]:
         """An entry point and its parameter types."""
         return getattr(self.lib, name), self._types[name]

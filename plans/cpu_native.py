@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmplan.codegen import cpu_build, toolchain
-from llmplan.codegen.cpu_families import FAMILY_MODULE
+from llmplan.codegen.cpu_families import FAMILY_MODULE, matmul
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.core.errors import InputError
 
@@ -51,6 +51,10 @@ def lower_native(phases: dict[str, dict[str, Any]], table: dict[str, tuple[str, 
                 launch["member"] = "native"
                 launch["provenance"] = f"cpu target: the {launch['family']} family's compiled kernel"
             kernels.update({ln.kernel.name: ln.kernel for ln in calls})
+            # the records the driver makes at load, with the plan's own code (matmul.relayout)
+            made = [matmul.relayout(table[a["weight"]][0]) for ln in calls for a in ln.args
+                    if a.get("layout") in {lay for lay, _, _ in matmul.RELAYOUT.values()}]
+            kernels.update({k.name: k for k in made})
     return kernels
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.core import layouts
 from llmplan.core.errors import InputError
 
 
@@ -117,6 +118,12 @@ class Driver(ABC):
 
     @abstractmethod
     def launch(self, call: Call) -> None: ...
+
+    def make_layout(self, layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...],
+                    consumed: layouts.Consumed) -> np.ndarray | None:
+        """A weight in `layout` made by this backend's own code from its file bytes `raw` (calling
+        consumed(lo, hi) as core/layouts.make does), or None where core/layouts.make makes it."""
+        return None
 
     def record(self, calls: list[Call]) -> Graph:
         """The calls recorded for replay; only backends with graphs implement it."""

@@ -152,7 +152,10 @@ class Executor:
         t0 = time.perf_counter()
         copies = layouts.LAYOUTS[layout].copies  # a copy stands for the file's pages: they are released
         release = (lambda lo, hi: self.model.release(name, lo, hi)) if copies else (lambda lo, hi: None)
-        data = layouts.make(layout, self.model.tensor_bytes(name), w["format"], tuple(w["shape"]), release)
+        raw, fmt, shape = self.model.tensor_bytes(name), w["format"], tuple(w["shape"])
+        data = self.driver.make_layout(layout, raw, fmt, shape, release)
+        if data is None:
+            data = layouts.make(layout, raw, fmt, shape, release)
         self.load.relayout_s += time.perf_counter() - t0
         info = w["layouts"][layout]
         if data.nbytes != info["bytes"]:

@@ -17,6 +17,7 @@ import pytest
 from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, random_activation
 from llmplan.codegen.cpu_families import matmul
+from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, dequantize
 from llmplan.runtime.cpu_kernels import matmul as twin_matmul
 
@@ -26,7 +27,7 @@ SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K",
 
 
 def catalog():
-    ks = [matmul.kernel([f], False) for f in matmul.FORMATS]
+    ks = [matmul.kernel([f], False) for f in matmul.FORMATS] + [matmul.relayout(f) for f in matmul.RELAYOUT]
     ks += [matmul.kernel([f], True) for f in matmul.FORMATS]
     ks += [matmul.kernel(s, False) for s in SEGMENTS]
     return ks
@@ -228,3 +229,19 @@ def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
     for isa in ISAS[1:]:
         got, _, _ = project(isa, "matmul", [fmt], rows, [n], rng, "t32", x=x, ws=ws)
         assert np.array_equal(got[0], first[0]), isa
+
+
+@needs_compiler
+@pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
+def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
+    """The records the runtime's cpu driver makes at load (matmul.relayout) are core/layouts.py's, byte for
+    byte, whichever row groups a call makes; rows past the weight's end are zero."""
+    rows, k = 53, 512
+    raw, _ = weight(rng, fmt, rows, k)
+    want = layouts.make("rows16", raw, fmt, (rows, k))
+    got = np.full(want.nbytes, 0xAB, np.uint8)
+    lib = library(catalog, ISAS[0])
+    fn = lib.entry(matmul.relayout(fmt).name)[0]
+    for g0, g1 in ((0, 1), (1, 4)):
+        fn(raw.ctypes.data, rows, k, g0, g1, got.ctypes.data)
+    assert np.array_equal(got, want)

@@ -21,6 +21,7 @@ from conftest import TINY_BPE, TINY_SPM, llama_cpp_bound
 from cpu_native import ISAS, needs_compiler
 from kernel_inputs import nmse
 from llmplan.codegen import cpu_build, toolchain
+from llmplan.core import layouts
 from llmplan.core.errors import InputError
 from llmplan.core.numerics import pages_for
 from llmplan.models.model import open_model
@@ -112,6 +113,25 @@ def test_the_library_is_built_once_and_threads_reach_its_pool(tmp_path_factory):
     assert _greedy(again, ids, 4)[0] == _greedy(Engine.load(engine.plan_path, threads=2), ids, 4)[0]
     with pytest.raises(InputError, match="--threads must be at least 1"):
         Engine.load(engine.plan_path, threads=0)
+
+
+@needs_compiler
+def test_the_driver_makes_the_relaid_out_weights_with_the_plans_code(tmp_path_factory, monkeypatch):
+    """Each rows16 weight is made at load by the plan's library (matmul.relayout), never by the NumPy
+    maker, and holds what the NumPy maker makes."""
+    engine = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1])
+    numpy_make = layouts.make
+    made = []
+    monkeypatch.setattr(layouts, "make", lambda layout, *a, **k: made.append(layout) or numpy_make(layout, *a, **k))
+    again = Engine.load(engine.plan_path)
+    ex = again.executor
+    held = {name for name, layout in ex.weights if layout == "rows16"}
+    assert held and "rows16" not in made
+    for name in held:
+        w = ex.body["weights"][name]
+        data = ex.weights[(name, "rows16")]
+        want = numpy_make("rows16", ex.model.tensor_bytes(name), w["format"], tuple(w["shape"]))
+        assert np.array_equal(data.buffer[data.offset:data.offset + data.nbytes], want), name
 
 
 @needs_compiler

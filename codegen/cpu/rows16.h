@@ -30,6 +30,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "pool.h"
 #include "quant.cuh"
 #include "simd.h"
 
@@ -109,6 +110,73 @@ template <class Rec> struct Rows16 {
   int nsb;  // super-blocks per row
   const uint8_t* rec(int group, int sb) const { return base + ((size_t)group * nsb + sb) * Rec::BYTES; }
 };
+
+// Making the records at load (the runtime's relayout; core/layouts.py makes the same bytes in NumPy, the
+// reference the tests hold this to): the records of row groups [g0, g1) of a weight's blocks (rows x k,
+// as the file holds them) into out, which holds every group's. Bytes are moved, never computed: the
+// scales and mins unpacked by common.cuh's lp_k_scale_min, the 6-bit values' fields shifted into place.
+inline void r16_copy_half(uint8_t* to, const void* from) { __builtin_memcpy(to, from, 2); }
+
+inline void r16_make(K4, const void* blocks, int rows, int k, int group, int sb, uint8_t* rec) {
+  const LpWeight<LP_FMT_Q4_K, LP_BLOCKS> w(blocks, rows, k);
+  for (int r = 0; r < R16; ++r) {
+    const int row = R16 * group + r;
+    if (row >= rows) continue;
+    const size_t blk = (size_t)row * w.nb + sb;
+    r16_copy_half(rec + K4::D + 2 * r, w.d.at(blk));
+    r16_copy_half(rec + K4::DMIN + 2 * r, w.dmin.at(blk));
+    for (int j = 0; j < 8; ++j) {
+      int sc, mn;
+      lp_k_scale_min(LpScaleBytes{w.scales.at(blk)}, j, sc, mn);
+      rec[K4::SC + j * R16 + r] = (uint8_t)sc;
+      rec[K4::M + ((j / 2) * R16 + r) * 2 + j % 2] = (uint8_t)mn;
+    }
+    for (int g = 0; g < 4; ++g)
+      for (int t = 0; t < 8; ++t) __builtin_memcpy(rec + K4::QS + ((g * 8 + t) * R16 + r) * 4, w.qs.at(blk) + 32 * g + 4 * t, 4);
+  }
+}
+
+inline void r16_make(K6, const void* blocks, int rows, int k, int group, int sb, uint8_t* rec) {
+  const LpWeight<LP_FMT_Q6_K, LP_BLOCKS> w(blocks, rows, k);
+  for (int r = 0; r < R16; ++r) {
+    const int row = R16 * group + r;
+    if (row >= rows) continue;
+    const size_t blk = (size_t)row * w.nb + sb;
+    r16_copy_half(rec + K6::D + 2 * r, w.d.at(blk));
+    for (int j = 0; j < 16; ++j) rec[K6::SC + j * R16 + r] = (uint8_t)w.scales.at(blk)[j];
+    uint8_t q[256];  // the 6-bit values (quant.cuh's Q6_K comment)
+    for (int v = 0; v < 256; ++v) {
+      const int G = v / 128, i = v % 128;
+      const uint8_t lo = w.ql.at(blk)[64 * G + i % 64], hi = w.qh.at(blk)[32 * G + i % 32];
+      q[v] = (uint8_t)((i < 64 ? lo & 15 : lo >> 4) | (hi >> 2 * (i / 32) & 3) << 4);
+    }
+    for (int g = 0; g < 4; ++g)
+      for (int t = 0; t < 8; ++t)
+        for (int b = 0; b < 4; ++b) {
+          const int v = 64 * g + 4 * t + b;
+          rec[K6::QL + ((g * 8 + t) * R16 + r) * 4 + b] = (uint8_t)((q[v] & 15) | (q[v + 32] & 15) << 4);
+        }
+    for (int G = 0; G < 2; ++G)
+      for (int t = 0; t < 8; ++t)
+        for (int b = 0; b < 4; ++b) {
+          uint8_t top = 0;
+          for (int i = 0; i < 4; ++i) top |= (uint8_t)((q[128 * G + 32 * i + 4 * t + b] >> 4) << 2 * i);
+          rec[K6::QH + ((G * 8 + t) * R16 + r) * 4 + b] = top;
+        }
+  }
+}
+
+// row groups [g0, g1) (rows past the weight's end zero)
+template <class Rec> inline void r16_make_groups(const void* blocks, int rows, int k, int g0, int g1, void* out) {
+  const Rows16<Rec> w{(const uint8_t*)out, k / 256};
+  lp_parallel(g1 - g0, [&](int i) {
+    for (int sb = 0; sb < w.nsb; ++sb) {
+      uint8_t* rec = (uint8_t*)w.rec(g0 + i, sb);
+      __builtin_memset(rec, 0, Rec::BYTES);
+      r16_make(Rec{}, blocks, rows, k, g0 + i, sb, rec);
+    }
+  });
+}
 
 // The scalar path: rows 16G .. 16G + 15 against one activation row.
 template <class Rec> inline void r16_scalar(const Rows16<Rec>& w, int group, const R16Col& col, float (&out)[R16]) {

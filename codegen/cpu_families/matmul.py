@@ -134,6 +134,16 @@ def kernel(formats: list[str], residual: bool) -> Kernel:
     return Kernel(name, "matmul", "matmul.h", entry, 0)
 
 
+def relayout(fmt: str) -> Kernel:
+    """The entry point that makes a RELAYOUT weight's records at load from the file's blocks, row groups
+    [g0, g1) a call (codegen/cpu/rows16.h r16_make_groups): the runtime's cpu driver calls it, where
+    core/layouts.py's NumPy making (the reference it is tested against) is several times slower."""
+    name = f"lp_cpu_make_{weight_token(fmt)}"
+    entry = (f"LP_KERNEL void {name}(const void* blocks, int rows, int k, int g0, int g1, void* out) {{ "
+             f"lp_cpu::r16_make_groups<lp_cpu::R16Rec<{weight_code(fmt)}>::type>(blocks, rows, k, g0, g1, out); }}")
+    return Kernel(name, "matmul", "matmul.h", entry, 0)
+
+
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     op = launch["op"]
     if op not in OPS:
