@@ -114,7 +114,7 @@ template <class Rec> struct Rows16 {
 // Making the records at load (the runtime's relayout; core/layouts.py makes the same bytes in NumPy, the
 // reference the tests hold this to): the records of row groups [g0, g1) of a weight's blocks (rows x k,
 // as the file holds them) into out, which holds every group's. Bytes are moved, never computed: the
-// scales and mins unpacked by common.cuh's lp_k_scale_min, the 6-bit values' fields shifted into place.
+// scales and mins unpacked by common.cuh's lp_k_scale_min, the 6-bit values read by quant.cuh's q6.
 inline void r16_copy_half(uint8_t* to, const void* from) { __builtin_memcpy(to, from, 2); }
 
 inline void r16_make(K4, const void* blocks, int rows, int k, int group, int sb, uint8_t* rec) {
@@ -144,12 +144,8 @@ inline void r16_make(K6, const void* blocks, int rows, int k, int group, int sb,
     const size_t blk = (size_t)row * w.nb + sb;
     r16_copy_half(rec + K6::D + 2 * r, w.d.at(blk));
     for (int j = 0; j < 16; ++j) rec[K6::SC + j * R16 + r] = (uint8_t)w.scales.at(blk)[j];
-    uint8_t q[256];  // the 6-bit values (quant.cuh's Q6_K comment)
-    for (int v = 0; v < 256; ++v) {
-      const int G = v / 128, i = v % 128;
-      const uint8_t lo = w.ql.at(blk)[64 * G + i % 64], hi = w.qh.at(blk)[32 * G + i % 32];
-      q[v] = (uint8_t)((i < 64 ? lo & 15 : lo >> 4) | (hi >> 2 * (i / 32) & 3) << 4);
-    }
+    uint8_t q[256];  // the 6-bit values
+    for (int v = 0; v < 256; ++v) q[v] = (uint8_t)w.q6(blk, v);
     for (int g = 0; g < 4; ++g)
       for (int t = 0; t < 8; ++t)
         for (int b = 0; b < 4; ++b) {

@@ -496,13 +496,18 @@ template <LpLayout L> struct LpWeight<LP_FMT_Q6_K, L> {
     scales = c.template next<int8_t, 16>();
     d = c.template next<lp_half, 2>();
   }
-  __device__ float value(size_t row, int i) const {
-    const size_t blk = row * nb + i / 256;
-    const int j = i % 256, G = j / 128, r = j % 128;
-    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)scales.at(blk)[j / 16]);
+  // the 6-bit value j (0..255) of block blk, before the offset of 32
+  __device__ int q6(size_t blk, int j) const {
+    const int G = j / 128, r = j % 128;
     const int nib = (ql.at(blk)[64 * G + r % 64] >> (4 * (r / 64))) & 0xF;
     const int high = (qh.at(blk)[32 * G + r % 32] >> (2 * (r / 32))) & 3;
-    return dl * (float)((nib | (high << 4)) - 32);
+    return nib | (high << 4);
+  }
+  __device__ float value(size_t row, int i) const {
+    const size_t blk = row * nb + i / 256;
+    const int j = i % 256;
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)scales.at(blk)[j / 16]);
+    return dl * (float)(q6(blk, j) - 32);
   }
   template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
     const int b = p / 8, l = p % 8, G = l / 4, u = l % 4, shift = 2 * (u / 2);
