@@ -136,8 +136,9 @@ class NativeTasks:
             key = (ref["weight"], ref["layout"])
             if key not in held:
                 t = self.file.tensors[ref["weight"]]
-                held[key] = layouts.make(ref["layout"], self.file.tensor_bytes(ref["weight"]), t.type.name,
-                                         tuple(reversed(t.shape)))
+                made = (ref["layout"], self.file.tensor_bytes(ref["weight"]), t.type.name, tuple(reversed(t.shape)))
+                data = matmul.make_held(self.lib, *made)  # the library's maker where it has one: faster
+                held[key] = layouts.make(*made) if data is None else data
             return held[key]
 
         def arg(r: dict[str, Any]) -> Any:

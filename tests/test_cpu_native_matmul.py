@@ -235,13 +235,14 @@ def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     """The records the runtime's cpu driver makes at load (matmul.relayout) are core/layouts.py's, byte for
-    byte, whichever row groups a call makes; rows past the weight's end are zero."""
-    rows, k = 53, 512
+    byte, whichever row groups a call makes; rows past the weight's end are zero; the file bytes it says
+    it is done with cover the weight, in order."""
+    rows, k = 1029, 512  # 65 row groups: two calls, the last group partial
     raw, _ = weight(rng, fmt, rows, k)
     want = layouts.make("rows16", raw, fmt, (rows, k))
-    got = np.full(want.nbytes, 0xAB, np.uint8)
     lib = library(catalog, ISAS[0])
-    fn = lib.entry(matmul.relayout(fmt).name)[0]
-    for g0, g1 in ((0, 1), (1, 4)):
-        fn(raw.ctypes.data, rows, k, g0, g1, got.ctypes.data)
+    done = []
+    got = matmul.make_held(lib, "rows16", raw, fmt, (rows, k), lambda lo, hi: done.append((lo, hi)))
     assert np.array_equal(got, want)
+    assert done[0][0] == 0 and done[-1][1] == raw.nbytes and all(a[1] == b[0] for a, b in zip(done, done[1:]))
+    assert len(done) == 2 and matmul.make_held(lib, "blocks", raw, fmt, (rows, k)) is None

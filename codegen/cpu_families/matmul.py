@@ -22,9 +22,13 @@ without a member, DEFAULT_TASK_ROWS, DEFAULT_AHEAD and DEFAULT_COLS.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
+import numpy as np
+
+from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT
 
 from ..kernel import Context, Kernel, Launch, scalar
@@ -142,6 +146,23 @@ def relayout(fmt: str) -> Kernel:
     entry = (f"LP_KERNEL void {name}(const void* blocks, int rows, int k, int g0, int g1, void* out) {{ "
              f"lp_cpu::r16_make_groups<lp_cpu::R16Rec<{weight_code(fmt)}>::type>(blocks, rows, k, g0, g1, out); }}")
     return Kernel(name, "matmul", "matmul.h", entry, 0)
+
+
+def make_held(lib: Any, layout: str, blocks: np.ndarray, fmt: str, shape: tuple[int, ...],
+              consumed: layouts.Consumed = lambda lo, hi: None) -> np.ndarray | None:
+    """A weight in `layout` made by a built library's relayout entry point (a codegen/cpu_build.CpuLibrary
+    holding relayout(fmt)) from its file bytes, 64 row groups a call, saying which bytes it is done with
+    as core/layouts.make does; None where this layout is not the format's RELAYOUT or `lib` lacks it."""
+    if RELAYOUT.get(fmt, ("",))[0] != layout or not lib.has(name := relayout(fmt).name):
+        return None
+    rows, k = math.prod(shape[:-1]), shape[-1]
+    out = np.empty(layouts.layout_bytes(layout, fmt, shape), np.uint8)
+    fn, groups, row_bytes = lib.entry(name)[0], -(-rows // layouts.ROWS16), blocks.nbytes // rows
+    for g0 in range(0, groups, 64):
+        g1 = min(groups, g0 + 64)
+        fn(blocks.ctypes.data, rows, k, g0, g1, out.ctypes.data)
+        consumed(g0 * layouts.ROWS16 * row_bytes, min(rows, g1 * layouts.ROWS16) * row_bytes)
+    return out
 
 
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:

@@ -94,20 +94,11 @@ class CpuDriver(HostDriver):
 
     def make_layout(self, layout: str, blocks: np.ndarray, fmt: str, shape: tuple[int, ...],
                     consumed: layouts.Consumed) -> np.ndarray | None:
-        """rows16 records made by the plan's library (matmul.relayout), over the pool's threads, 64 row
-        groups a call."""
-        name = matmul.relayout(fmt).name if fmt in matmul.RELAYOUT and matmul.RELAYOUT[fmt][0] == layout else None
-        if self.lib is None or name is None or not self.lib.has(name):
+        """rows16 records made by the plan's library (matmul.relayout) over the pool's threads."""
+        if self.lib is None:
             return None
-        rows, k = math.prod(shape[:-1]), shape[-1]
-        out = np.empty(layouts.layout_bytes(layout, fmt, shape), np.uint8)
-        fn, groups, step, row_bytes = self.lib.entry(name)[0], -(-rows // layouts.ROWS16), 64, blocks.nbytes // rows
-        for g0 in range(0, groups, step):
-            g1 = min(groups, g0 + step)
-            with _POOL:
-                fn(blocks.ctypes.data, rows, k, g0, g1, out.ctypes.data)
-            consumed(g0 * layouts.ROWS16 * row_bytes, min(rows, g1 * layouts.ROWS16) * row_bytes)
-        return out
+        with _POOL:
+            return matmul.make_held(self.lib, layout, blocks, fmt, shape, consumed)
 
     def record(self, calls: list[Call]) -> Graph:
         """A step of compiled kernels as one native call (graph.h); the NumPy twins as a list of calls."""
