@@ -73,13 +73,11 @@ class Rater:
         self.threads = threads or _threads()
         self.version = llama_cpp.__version__
         self.llm = load(model, n_ctx, self.threads)
-        self.warm = False
 
     def __call__(self, ids: list[int], n_decode: int) -> dict[str, Any]:
         llm = self.llm
-        if not self.warm:
-            llm.eval(ids[:8])
-            self.warm = True
+        llm.reset()
+        llm.eval(ids[:8])  # warm caches and threads before each run, as a benchmark warms its own side
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)

@@ -45,6 +45,12 @@ def _prompt(tokenizer, n: int) -> list[int]:
     return ids[:n]
 
 
+# a pause before each side's run: the other side's threads spin a few milliseconds after their last work
+# (our pool between launches, llama.cpp's OpenMP workers after a parallel region) and took 3-4 ms off
+# whichever prefill ran next (tiny-llama3's: 12.2-12.9 ms right after a llama.cpp run, 8.4-9.0 ms else)
+SETTLE_S = 0.05
+
+
 def compile_plan(model: str, ctx: int, seqs: int = 1, tune_dir: str | None = None, isa: str | None = None):
     """A plan of `model` (decisions from the tune store `tune_dir`; None: the heuristic's): (path, seconds,
     the compile summary)."""
@@ -194,8 +200,10 @@ def main() -> None:
     their_runs = []
     for i in range(args.runs):  # llama.cpp's runs alternate with ours, on the first run's prompt
         for name, (engine, compile_s, _) in engines.items():
+            time.sleep(SETTLE_S)
             runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs, i))
         if rater:
+            time.sleep(SETTLE_S)
             their_runs.append(rater(runs["heuristic"][0]["ids"], args.decode))
     speeds = [k for k in runs["heuristic"][0] if k.endswith("tok_s")]
     plans = {name: rs[0] | {k: float(np.median([r[k] for r in rs])) for k in speeds} | {"tune": engines[name][2]["tune"]}
