@@ -26,19 +26,11 @@ sys.path[:0] = [os.path.join(HERE, "..", "tests")]
 from kernel_inputs import random_activation, random_blocks  # noqa: E402  (tests/)
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
-from llmplan.codegen.kernel import Kernel  # noqa: E402
 from llmplan.core import layouts  # noqa: E402
 
 
-def in_place(fmt: str) -> Kernel:
-    """The projection kernel of `fmt` reading the blocks in place (what the plan would run unrelaid)."""
-    k = matmul.kernel([fmt], False)
-    name = k.name.replace(matmul.weight_token(fmt), f"{fmt.lower()}_in_place")
-    return Kernel(name, k.family, k.source, k.entry.replace(k.name, name).replace(matmul.weight_code(fmt), f"LP_FMT_{fmt}"), 0)
-
-
 def measure(isa: str, threads: int, shapes: list[tuple[int, int]], row_counts: list[int]) -> list[dict]:
-    kernels = {fmt: (matmul.kernel([fmt], False), in_place(fmt)) for fmt in matmul.RELAYOUT}
+    kernels = {fmt: (matmul.kernel([fmt], False), matmul.kernel_in_place(fmt)) for fmt in matmul.RELAYOUT}
     lib = cpu_build.CpuLibrary.from_kernels([k for pair in kernels.values() for k in pair], isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)

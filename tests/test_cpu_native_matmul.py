@@ -28,6 +28,7 @@ SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K",
 
 def catalog():
     ks = [matmul.kernel([f], False) for f in matmul.FORMATS] + [matmul.relayout(f) for f in matmul.RELAYOUT]
+    ks += [matmul.kernel_in_place(f) for f in matmul.RELAYOUT]
     ks += [matmul.kernel([f], True) for f in matmul.FORMATS]
     ks += [matmul.kernel(s, False) for s in SEGMENTS]
     return ks
@@ -246,3 +247,19 @@ def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     assert np.array_equal(got, want)
     assert done[0][0] == 0 and done[-1][1] == raw.nbytes and all(a[1] == b[0] for a, b in zip(done, done[1:]))
     assert len(done) == 2 and matmul.make_held(lib, "blocks", raw, fmt, (rows, k)) is None
+
+
+@needs_compiler
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
+def test_the_in_place_kernels_of_relaid_out_formats_match_the_twin(fmt, isa, rng):
+    """The kernel reading a RELAYOUT format's blocks in place (bench_relayout.py's baseline) stays right."""
+    rows, n, k = 7, 37, k_for(fmt)
+    raw, dense = weight(rng, fmt, n, k)
+    x, xt = activation(rng, fmt, rows, k)
+    y = np.full((rows, n), np.nan, np.float32)
+    fn = library(catalog, isa).entry(matmul.kernel_in_place(fmt).name)[0]
+    fn(x.ctypes.data, raw.ctypes.data, y.ctypes.data, rows, k, n, 8, matmul.DEFAULT_AHEAD, matmul.DEFAULT_COLS)
+    want = np.empty((rows, n), np.float32)
+    twin_matmul("matmul", {}, [want], xt, dense)
+    assert nmse(y, want) < TIGHT

@@ -138,6 +138,14 @@ def kernel(formats: list[str], residual: bool) -> Kernel:
     return Kernel(name, "matmul", "matmul.h", entry, 0)
 
 
+def kernel_in_place(fmt: str) -> Kernel:
+    """The one-weight projection kernel reading a RELAYOUT format's blocks in place, as plans did before
+    the relayout: what scripts/bench_relayout.py measures the records against."""
+    k = kernel([fmt], False)
+    name = k.name.replace(weight_token(fmt), f"{fmt.lower()}_in_place")
+    return Kernel(name, k.family, k.source, k.entry.replace(k.name, name).replace(weight_code(fmt), f"LP_FMT_{fmt}"), 0)
+
+
 def relayout(fmt: str) -> Kernel:
     """The entry point that makes a RELAYOUT weight's records at load from the file's blocks, row groups
     [g0, g1) a call (codegen/cpu/rows16.h r16_make_groups): the runtime's cpu driver calls it, where
