@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -50,20 +50,28 @@ def _chunks(values: np.ndarray) -> np.ndarray:
     return np.moveaxis(v, -5, -2)
 
 
+def rows16_chunks(fmt: str, shape: tuple[int, ...]) -> Iterator[tuple[int, int, int, int]]:
+    """How a rows16 weight is made, 64 row groups at a time (so that little of both the file's bytes and
+    the temporaries is held at once): (first group, past the last, and the file bytes [lo, hi) they are
+    made from)."""
+    f = FORMATS[fmt.upper()]
+    rows, k = _rows_k(shape)
+    groups, row_bytes = -(-rows // ROWS16), f.row_bytes(k)
+    for g0 in range(0, groups, 64):
+        g1 = min(groups, g0 + 64)
+        yield g0, g1, g0 * ROWS16 * row_bytes, min(rows, g1 * ROWS16) * row_bytes
+
+
 def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Consumed) -> np.ndarray:
     """Q4_K or Q6_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
-    rows padded with zeros to a multiple of 16, records in order (row group, super-block). Made 64 row
-    groups at a time, so that the temporaries stay small beside a large weight."""
+    rows padded with zeros to a multiple of 16, records in order (row group, super-block)."""
     rows, k = _rows_k(shape)
     out = np.empty(_rows16_bytes(fmt, shape), np.uint8)
     blocks = fmt.blocks(raw).reshape(rows, k // fmt.block)
-    step = 64 * ROWS16
     record = ROWS16_RECORD[fmt.name] * (k // fmt.block)  # bytes of a row group
-    row_bytes = fmt.row_bytes(k)
-    for r0 in range(0, rows, step):
-        part = _rows16_groups(blocks[r0:r0 + step], fmt)
-        out[r0 // ROWS16 * record:][:part.nbytes] = part
-        consumed(r0 * row_bytes, min(rows, r0 + step) * row_bytes)
+    for g0, g1, lo, hi in rows16_chunks(fmt.name, shape):
+        out[g0 * record:g1 * record] = _rows16_groups(blocks[g0 * ROWS16:g1 * ROWS16], fmt)
+        consumed(lo, hi)
     return out
 
 
@@ -93,13 +101,23 @@ def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 
+def _whole(make: Callable[[np.ndarray, Format, tuple[int, ...]], np.ndarray]):
+    """A copy's maker that is done with all of the file's bytes at once."""
+    def made(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Consumed) -> np.ndarray:
+        out = make(raw, fmt, shape)
+        consumed(0, raw.nbytes)
+        return out
+    return made
+
+
 @dataclass(frozen=True)
 class Layout:
     name: str
     version: int
     copies: bool  # whether the runtime holds a copy (False: the mapped file's bytes are used in place)
     bytes: Callable[[Format, tuple[int, ...]], int]  # size of a weight of this format and shape
-    # from the file's bytes, saying which bytes of them it is done with as it goes (a caller may drop those)
+    # from the file's bytes; a copy's maker says which of them it is done with as it goes, every byte by
+    # its end (the runtime releases those pages), a layout read in place none
     make: Callable[[np.ndarray, Format, tuple[int, ...], Consumed], np.ndarray]
     why: str
 
@@ -121,12 +139,11 @@ LAYOUTS: dict[str, Layout] = {
                      "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
                      "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),
-    "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1],
-                     lambda raw, fmt, shape, consumed: _planar(raw, fmt, shape),
+    "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _whole(_planar),
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
                      "so a GPU lane's 16-byte load reads one field of consecutive blocks"),
     "f32": Layout("f32", 1, True, lambda fmt, shape: 4 * math.prod(shape),
-                  lambda raw, fmt, shape, consumed: dequantize(raw, fmt, tuple(shape)),
+                  _whole(lambda raw, fmt, shape: dequantize(raw, fmt, tuple(shape))),
                   "dequantized to float32 at load: the norm vectors the compiled CPU kernels read, and every weight of "
                   "the NumPy CPU backend (NumPy has no int8 GEMV, and float32 BLAS on exactly dequantized weights "
                   "gives the integer block dot products' values)"),
@@ -140,6 +157,6 @@ def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
 def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...],
          consumed: Consumed = lambda lo, hi: None) -> np.ndarray:
     """Weight `raw` (its file bytes) in `layout`: the bytes a kernel reads (plain, rows, blocks: `raw` itself).
-    consumed(lo, hi) is called for bytes [lo, hi) of `raw` the making is done with (rows16: chunk by chunk,
-    so that a caller releasing them holds little of both at once)."""
+    consumed(lo, hi) is called for bytes [lo, hi) of `raw` a copy's making is done with (rows16: chunk by
+    chunk, so that a caller releasing them holds little of both at once)."""
     return LAYOUTS[layout].make(raw, FORMATS[fmt.upper()], tuple(shape), consumed)

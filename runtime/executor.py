@@ -150,8 +150,8 @@ class Executor:
             raise InputError(f"weight {name}: the plan has it as {w['format']}, the model file as "
                              f"{self.model.tensors[name].type.name}: recompile the plan")
         t0 = time.perf_counter()
-        copies = layouts.LAYOUTS[layout].copies  # a copy stands for the file's pages: they are released
-        release = (lambda lo, hi: self.model.release(name, lo, hi)) if copies else (lambda lo, hi: None)
+        # a copy stands for the file's pages: they are released as its making is done with them
+        release = lambda lo, hi: self.model.release(name, lo, hi)  # noqa: E731
         raw, fmt, shape = self.model.tensor_bytes(name), w["format"], tuple(w["shape"])
         data = self.driver.make_layout(layout, raw, fmt, shape, release)
         if data is None:
@@ -161,9 +161,8 @@ class Executor:
         if data.nbytes != info["bytes"]:
             raise InputError(f"weight {name} in layout {layout}: {data.nbytes} bytes, the plan says {info['bytes']}")
         self.load.weight_bytes += data.nbytes
-        if copies:
+        if layouts.LAYOUTS[layout].copies:
             self.load.copied_bytes += data.nbytes
-            self.model.release(name)
         dtype = "f32" if layout == "f32" else "u8" if layout in ("planar", "rows16") else w["format"].lower()
         self.weights[(name, layout)] = Region(self._hold(data), 0, data.nbytes, dtype, tuple(w["shape"]), layout)
 

@@ -57,3 +57,18 @@ def test_rows16_holds_the_weight(fmt, rows):
 def test_rows16_is_for_q4_k_and_q6_k():
     with pytest.raises(ValueError, match="Q4_K and Q6_K weights, not Q5_K"):
         layouts.layout_bytes("rows16", "Q5_K", (16, 256))
+
+
+def test_a_copys_maker_reports_every_byte_done_and_one_read_in_place_none():
+    """The runtime releases the file pages a maker says it is done with (runtime/executor.py): a copy's
+    maker reports all of them, rows16 chunk by chunk in order, a layout read in place none."""
+    rng = np.random.default_rng(0)
+    rows, k = 1029, 256  # 65 row groups: two chunks
+    raw = random_blocks(rng, "Q6_K", rows, k).view(np.uint8).reshape(-1)
+    for layout, chunks in (("rows16", 2), ("f32", 1), ("blocks", 0)):
+        done = []
+        layouts.make(layout, raw, "Q6_K", (rows, k), lambda lo, hi: done.append((lo, hi)))
+        assert len(done) == chunks, layout
+        if chunks:
+            assert done[0][0] == 0 and done[-1][1] == raw.nbytes
+            assert all(a[1] == b[0] for a, b in zip(done, done[1:])), layout

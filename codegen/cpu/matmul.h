@@ -52,7 +52,7 @@ struct Acts {
   const float* s = nullptr;       // q8_1: d * (exact sum of the block's values) [rows, k / 32]
   const int16_t* bsums = nullptr; // q8_k: [rows, k / 16]
   std::vector<float> own;         // storage of d and s where they are computed here
-  std::vector<int32_t> pairs, off; // q8_k: the sums the rows16 records take (rows16.h r16_sums)
+  std::vector<int32_t> pairs, off; // q8_k: the sums rows16 records take (rows16.h r16_sums), where one is read
   R16Col col(int c) const {
     return R16Col{qs + (size_t)c * k, d + (size_t)c * (k / 256), pairs.data() + (size_t)c * (k / 64), off.data() + (size_t)c * (k / 16)};
   }
@@ -66,7 +66,6 @@ template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k
     if constexpr (ACT == LP_ACT_Q8_K) {
       a.d = (const float*)q.d;
       a.bsums = q.bsums;
-      r16_sums(q.bsums, rows, k, a.pairs, a.off);
     } else {
       const size_t nb = (size_t)rows * (k / 32);
       a.own.resize(ACT == LP_ACT_Q8_1 ? 2 * nb : nb);
@@ -631,6 +630,7 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
   for (int s = 0; s < NSEG; ++s) first[s + 1] = first[s] + (n[s] + tr[s] - 1) / tr[s];
   Acts a;
   make_acts<ACT>(a, x, rows, k);
+  if constexpr (is_r16<F0> || is_r16<F1> || is_r16<F2>) r16_sums(a.bsums, rows, k, a.pairs, a.off);
   lp_parallel(first[NSEG], [&](int t) {
     int s = 0;
     while (t >= first[s + 1]) ++s;

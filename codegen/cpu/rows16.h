@@ -63,7 +63,7 @@ inline void r16_sums(const int16_t* bsums, int rows, int k, std::vector<int32_t>
 inline float r16_half(const uint8_t* p, int r) { return lp_h2f(((const lp_half*)p)[r]); }
 
 struct K4 {
-  static constexpr int FMT = LP_FMT_Q4_K_R16, BYTES = 2368, SUB = 32;
+  static constexpr int BYTES = 2368, SUB = 32;
   static constexpr bool NARROW = true;  // a sub-block's products fit int16 pairs: 8 x 2 x 15 x 128 = 30720
   static constexpr int D = 0, DMIN = 32, SC = 64, M = 192, QS = 320;
   static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {  // values v .. v + 3 (v % 4 == 0) of row r
@@ -82,7 +82,7 @@ struct K4 {
 };
 
 struct K6 {
-  static constexpr int FMT = LP_FMT_Q6_K_R16, BYTES = 3360, SUB = 16;
+  static constexpr int BYTES = 3360, SUB = 16;
   static constexpr bool NARROW = false;  // 4 x 2 x 63 x 128 does not fit int16
   static constexpr int D = 0, SC = 32, QL = 288, QH = 2336;
   static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {

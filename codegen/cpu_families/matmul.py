@@ -159,17 +159,15 @@ def relayout(fmt: str) -> Kernel:
 def make_held(lib: Any, layout: str, blocks: np.ndarray, fmt: str, shape: tuple[int, ...],
               consumed: layouts.Consumed = lambda lo, hi: None) -> np.ndarray | None:
     """A weight in `layout` made by a built library's relayout entry point (a codegen/cpu_build.CpuLibrary
-    holding relayout(fmt)) from its file bytes, 64 row groups a call, saying which bytes it is done with
-    as core/layouts.make does; None where this layout is not the format's RELAYOUT or `lib` lacks it."""
+    holding relayout(fmt)) from its file bytes, in core/layouts.rows16_chunks, saying which bytes it is done
+    with as core/layouts.make does; None where this layout is not the format's RELAYOUT or `lib` lacks it."""
     if RELAYOUT.get(fmt, ("",))[0] != layout or not lib.has(name := relayout(fmt).name):
         return None
     rows, k = math.prod(shape[:-1]), shape[-1]
-    out = np.empty(layouts.layout_bytes(layout, fmt, shape), np.uint8)
-    fn, groups, row_bytes = lib.entry(name)[0], -(-rows // layouts.ROWS16), blocks.nbytes // rows
-    for g0 in range(0, groups, 64):
-        g1 = min(groups, g0 + 64)
+    out, fn = np.empty(layouts.layout_bytes(layout, fmt, shape), np.uint8), lib.entry(name)[0]
+    for g0, g1, lo, hi in layouts.rows16_chunks(fmt, shape):
         fn(blocks.ctypes.data, rows, k, g0, g1, out.ctypes.data)
-        consumed(g0 * layouts.ROWS16 * row_bytes, min(rows, g1 * layouts.ROWS16) * row_bytes)
+        consumed(lo, hi)
     return out
 
 
