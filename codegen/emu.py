@@ -29,7 +29,7 @@ SCALARS = {"int": ctypes.c_int, "unsigned": ctypes.c_uint, "float": ctypes.c_flo
 
 
 def mode_for(int8_matrix: str) -> str:
-    """The fragment emulation of a device's matrix instructions (plans/devices.py int8_matrix)."""
+    """The fragment emulation of a device's matrix instructions (core/devices.py int8_matrix)."""
     return {"mma.sync.s8": "mma", "wmma_iu8": "wmma"}.get(int8_matrix, "plain")
 
 

@@ -12,7 +12,7 @@ import numpy as np
 
 from .formats import ACTIVATION_FORMATS
 
-# DESIGN.md's kernel-test bounds, NMSE against the reference: exact-arithmetic kernels (packing, integer
+# docs/numerics.md's kernel-test bounds, NMSE against the reference: exact-arithmetic kernels (packing, integer
 # dots, norms), where only a rounding an ulp moves can differ; accumulation-order-sensitive ones
 EXACT_NMSE, ORDER_NMSE = 1e-7, 5e-4
 
@@ -83,7 +83,7 @@ def matmul(x: np.ndarray, w: np.ndarray, panel_bytes: int = PANEL_BYTES) -> np.n
     it; here it never does, whatever the panel size (tests/test_numerics.py). Several rows go through w
     one panel of rows at a time (`panel_bytes`; 0: one panel over all of w) so that the panel is read
     from memory once for all of them; the best size depends on the shape and the machine, which is what
-    the tune store decides (plans/cpu_tuning.py)."""
+    the tune store decides (plans/cpu_decisions.py)."""
     rows, n = x.shape[0], w.shape[0]
     if rows == 1:
         return x @ w.T

@@ -3,7 +3,7 @@ operand it updates in place. The op's schema and meaning live in the IR's regist
 ir/fused.py); a test holds the two tables to the same ops.
 
 A kernel family is one catalog entry with an implementation per backend: the CPU backend's NumPy twin
-(runtime/cpu_kernels.py KERNELS[family]) and the GPU template module (codegen/families/<family>.py;
+(runtime/numpy_kernels.py KERNELS[family]) and the GPU template module (codegen/families/<family>.py;
 "matmul" has two, matvec for a few rows and gemm for more, which the planner picks between).
 """
 

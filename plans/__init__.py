@@ -1,1 +1,2 @@
-"""Device facts, kernel choice, buffer planning, the plan file, and the `plan` CLI."""
+"""The compiler's planning stage: lowering fused graphs to launches, buffer planning, kernel choice (from
+the tune store's entries or a heuristic), and the compile pipeline that writes the plan file."""

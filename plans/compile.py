@@ -15,22 +15,22 @@ import numpy as np
 from llmplan.codegen import cpu_build
 from llmplan.codegen.build import cache_root
 from llmplan.codegen.targets import target_for
+from llmplan.core.console import Progress, plural
+from llmplan.core.devices import DeviceFacts, local_cpu
 from llmplan.core.errors import InputError
 from llmplan.core.layouts import LAYOUTS, layout_bytes
 from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.planfile import model_fingerprint, read_header, write_plan
+from llmplan.core.tune_store import TuneStore
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.info import decode_bytes_per_token
 from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
 
-from . import cpu_native, cpu_native_tuning, cpu_tuning
-from .console import Progress, plural
-from .devices import DeviceFacts, local_cpu
+from . import cpu_decisions, cpu_native, cpu_schedules
 from .lower import layout, lower
-from .planfile import model_fingerprint, read_header, write_plan
 from .select import select
-from .tune_store import TuneStore
 
 DEFAULT_CTX = 4096
 DEFAULT_CHUNK = 256
@@ -104,11 +104,13 @@ def lower_phases(model: Model, device: DeviceFacts, limits: dict[str, int]):
 
 def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx: int | None = None,
                   chunk: int = DEFAULT_CHUNK, max_seqs: int = 1, tune: TuneStore | None = None,
-                  isa: str | None = None, progress: Progress | None = None) -> dict[str, Any]:
+                  isa: str | None = None, progress: Progress | None = None,
+                  probes: cpu_decisions.Probes | None = None) -> dict[str, Any]:
     """Compile `model` for `device` into the plan file `out`; returns a summary for the CLI. Measured
     decisions come from the tune store `tune` (none: the heuristics decide). A CPU plan runs the
     compiled kernels for SIMD path `isa` (default the tune store's, else this machine's best) where the
-    C++ compiler is present, else the NumPy twins (plans/cpu_native.py). `progress` shows the phases."""
+    C++ compiler is present, else the NumPy twins (plans/cpu_native.py). `probes` (tuning/) measure the
+    decisions the store lacks; without them the heuristics decide. `progress` shows the phases."""
     limits = limits_for(model, ctx, chunk, max_seqs)
     store = tune or TuneStore(None)
     phase = progress.phase if progress else lambda what: contextlib.nullcontext()
@@ -117,9 +119,8 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
     probed = 0
     cpu, isa_decision = None, {}
     if device.backend == "cpu":
-        with phase("choose kernels (probing the decisions the tune store lacks)" if store.probes else
-                   "choose kernels"):
-            cpu, decisions, _ = choose_cpu_kernels(model, phases, table, device, store, isa)
+        with phase("choose kernels (probing the decisions the tune store lacks)" if probes else "choose kernels"):
+            cpu, decisions, _ = choose_cpu_kernels(model, phases, table, device, store, isa, probes)
             probed = sum(d.probed for d in decisions)
             isa_decision = {d.key: {"member": d.strategy.name, "provenance": d.provenance, "launches": d.phases}
                             for d in decisions if isinstance(d.strategy, cpu_native.SimdPath)}
@@ -176,25 +177,24 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
 
 
 def choose_cpu_kernels(model: Model, phases: dict[str, dict[str, Any]], table, device: DeviceFacts, store: TuneStore,
-                       isa: str | None = None, measure_all: bool = False, round_seconds: float | None = None,
-                       probe_isa=None):
+                       isa: str | None = None, probes: cpu_decisions.Probes | None = None):
     """A CPU plan's kernels and their measured decisions: the compiled kernels for SIMD path `isa` (else
-    the tune store's, or the one `probe_isa` measures: plans/cpu_native.choose_isa) with their task rows
-    (plans/cpu_native_tuning.py; the plan's library is built here, cached, and probed) where the C++
-    compiler is, else the NumPy twins with their panels (plans/cpu_tuning.py). Returns (the plan's cpu
+    the tune store's, or the one `probes.isa` measures: plans/cpu_native.choose_isa) with their task rows
+    (plans/cpu_schedules.py; the plan's library is built here, cached, and measured by `probes`) where the C++
+    compiler is, else the NumPy twins with their panels (plans/cpu_decisions.py). Returns (the plan's cpu
     section and kernel table, the decisions (the SIMD path's first), the build id the task rows were
     measured on)."""
     if not cpu_build.available():
-        return (cpu_native.fallback(), cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds),
-                cpu_tuning.build_id())
+        return (cpu_native.fallback(), cpu_decisions.tune(phases, table, device, store, probes=probes),
+                cpu_decisions.build_id())
     kernels = cpu_native.lower_native(phases, table)
     source = cpu_build.render(list(kernels.values()))
     isa, why, chosen = cpu_native.choose_isa(isa, model.config.arch, phases, table, source, device, store,
-                                             probe_isa, round_seconds)
+                                             probes and probes.isa)
     cpu = cpu_native.section(kernels, source, isa, why)
     lib = cpu_build.CpuLibrary(source, {n: k["params"] for n, k in cpu["kernels"].items()}, isa)
-    kind = cpu_native_tuning.NativeTasks(lib, model.file, phases)
-    tasks = cpu_tuning.tune(phases, table, device, store, measure_all, round_seconds, kind)
+    kind = cpu_schedules.NativeTasks(lib, model.file, phases)
+    tasks = cpu_decisions.tune(phases, table, device, store, kind, probes)
     return cpu, [chosen] * (chosen is not None) + tasks, kind.build_id()
 
 
@@ -255,7 +255,7 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
     if not _readable(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         t0 = time.perf_counter()
-        s = compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, TuneStore.from_flag(None, probe=False),
+        s = compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, TuneStore.from_flag(None),
                           progress=progress)
         if progress:
             progress.note(f"compiled {gguf} for {device.key} in {time.perf_counter() - t0:.1f} s, cached as {cached}")

@@ -7,7 +7,7 @@ library's thread pool); projections, the tail's head and the embedding read thei
 ({"layout": "blocks"}), norm vectors as float32 ({"layout": "f32"}: a few KiB a layer). The section
 holds the host translation unit and its SIMD path, so the driver builds (once, cached by source, flags
 and compiler) exactly what the plan names. The SIMD path is a tune-store decision (choose_isa), taken
-before the task rows (plans/cpu_native_tuning.py), which are measured on it.
+before the task rows (plans/cpu_schedules.py), which are measured on it.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from typing import Any, Callable
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_families import FAMILY_MODULE, matmul
 from llmplan.codegen.kernel import Context, Kernel
+from llmplan.core.devices import DeviceFacts
 from llmplan.core.errors import InputError
+from llmplan.core.tune_store import TIE, TuneStore, Verdict, provenance, record
 
-from . import cpu_tuning, probes
-from .devices import DeviceFacts
-from .probes import TIE, Verdict, provenance, record
-from .tune_store import TuneStore
+from . import cpu_decisions
 
-NO_COMPILER = ("no C++ compiler (clang++-19 is not on PATH): the NumPy twins run (runtime/cpu_kernels.py), "
+NO_COMPILER = ("no C++ compiler (clang++-19 is not on PATH): the NumPy twins run (runtime/numpy_kernels.py), "
                "dequantizing projections to float32 at load; install clang-19 and recompile for the native kernels")
 
 
@@ -70,7 +69,7 @@ def section(kernels: dict[str, Kernel], source: str, isa: str, why: str) -> dict
 
 @dataclass(frozen=True)
 class SimdPath:
-    """A candidate of the SIMD-path decision (a cpu_tuning.Decision's strategy)."""
+    """A candidate of the SIMD-path decision (a cpu_decisions.Decision's strategy)."""
 
     name: str
 
@@ -82,12 +81,12 @@ def isa_candidates() -> list[str]:
 
 
 def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], table, source: str,
-               device: DeviceFacts, store: TuneStore, probe: Callable[[list[str], float], Verdict] | None = None,
-               round_seconds: float | None = None) -> tuple[str, str, cpu_tuning.Decision | None]:
+               device: DeviceFacts, store: TuneStore, probe: Callable[[list[str]], Verdict] | None = None,
+               ) -> tuple[str, str, cpu_decisions.Decision | None]:
     """The SIMD path a plan is built for, why (the plan's cpu section says it), and its tune decision
     (None where there is nothing to decide: `isa` given, or one candidate). `isa` if this machine runs
     it; else the store's entry for this decode step (keyed by its ops, attributes and weight shapes, and
-    the context) if its winner is a candidate here; else, with `probe` (`plan tune`: runtime/isa_probe.py
+    the context) if its winner is a candidate here; else, with `probe` (`plan tune`: tuning/cpu_isa.py
     times a whole decode step on each candidate, checked against the default's within the kernel-test
     bounds, not bit for bit: the paths round differently), a measurement, recorded; else the heuristic,
     this machine's best. The entry holds for the plan's translation unit, every path's flags and the
@@ -110,10 +109,10 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], ta
     if len(cands) == 1:
         only = "the only path" + (" besides the scalar reference" if cands[0] != "scalar" else "")
         return cands[0], "; ".join(filter(None, [only, unusable and f"entry {look.id} {unusable}"])), None
-    d = cpu_tuning.Decision(key, None, phases={ph: len(p["launches"]) for ph, p in phases.items()},
+    d = cpu_decisions.Decision(key, None, phases={ph: len(p["launches"]) for ph, p in phases.items()},
                             strategy=SimdPath(cands[0]))
     if probe is not None:
-        entry = record(probe(cands, round_seconds or probes.ROUND_SECONDS), device.tune_key, key, build_id)
+        entry = record(probe(cands), device.tune_key, key, build_id)
         d.entry, d.entry_data, d.probed, d.replaced = store.save(entry), entry, True, unusable
     elif look.entry is not None and not unusable:
         d.entry, d.entry_data = look.id, look.entry

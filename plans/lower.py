@@ -22,12 +22,12 @@ from typing import Any
 
 import networkx as nx
 
+from llmplan.core.devices import DeviceFacts
 from llmplan.core.op_traits import TRAITS
 from llmplan.ir.graph import Graph, Node, Value
 from llmplan.ir.types import Type
 
 from .buffers import Buffer, place, type_bytes
-from .devices import DeviceFacts
 
 PER_STEP_DIMS = ("rows", "seqs")  # bound each step by the step state; every other symbol is fixed at its bound
 

@@ -9,9 +9,8 @@ resident (threads x registers over the register file). Among the survivors the t
 an entry for the device's tune key, this launch's decision key and the build id (a hash of the rendered
 sources of all the launch's candidates) puts its winner first; without one the family's order is the
 heuristic (fastest first on this target class), and the plan records which it was. GPU entries are
-written by probes on the device, which need the CUDA/HIP runtime (not built yet): until then every GPU
-decision is the heuristic's unless a store carries an entry. Kernel choice lives here, in the planner;
-codegen/ holds the families' templates, rendering and compiling.
+written on the device by `plan tune --device cuda|hip` (tuning/gpu_members.py). Kernel choice lives
+here, in the planner; codegen/ holds the families' templates, rendering and compiling.
 """
 
 from __future__ import annotations
@@ -25,10 +24,8 @@ from typing import Any
 from llmplan.codegen.build import Build, BuildError, Manifest, build, gate, render
 from llmplan.codegen.kernel import Context, Kernel, Launch
 from llmplan.codegen.targets import Target
-
-from . import probes
-from .devices import DeviceFacts
-from .tune_store import TuneStore
+from llmplan.core.devices import DeviceFacts
+from llmplan.core.tune_store import TuneStore, provenance
 
 MATVEC_MAX_ROWS = 8  # more activation rows than this go to the GEMM tiles
 
@@ -92,7 +89,7 @@ def _consult(store: TuneStore | None, device: DeviceFacts, launch: dict[str, Any
     if look.entry is None or look.entry["winner"] not in names:
         return key, cands, ""
     won = names.index(look.entry["winner"])
-    return key, [cands[won]] + cands[:won] + cands[won + 1:], probes.provenance(look.id, look.entry)
+    return key, [cands[won]] + cands[:won] + cands[won + 1:], provenance(look.id, look.entry)
 
 
 def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceFacts) -> str | None:

@@ -31,12 +31,12 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
 from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.planfile import read_header, read_plan, recompile_hint
 from llmplan.models.gguf import GGUFFile, is_gguf
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
-from llmplan.plans.devices import local_cpu
-from llmplan.plans.planfile import read_header, read_plan, recompile_hint
 
 from .driver import driver_for
 from .executor import Executor, PendingStep

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from llmplan.codegen import emu
 from llmplan.codegen.build import with_vendor
+from llmplan.core.devices import OFFLINE_TARGETS
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import OFFLINE_TARGETS
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
 

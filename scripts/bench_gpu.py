@@ -89,10 +89,10 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
+    from llmplan.core.devices import OFFLINE_TARGETS, resolve_device
     from llmplan.models.info import describe
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import OFFLINE_TARGETS, resolve_device
     from llmplan.runtime.engine import Engine
     from llmplan.runtime.requests import Request
     from llmplan.runtime.trace import Trace

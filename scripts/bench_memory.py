@@ -22,8 +22,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]
 
 from bench_run import compile_plan, plan_run_rss  # noqa: E402  (scripts/)
-from llmplan.plans.cmd_inspect import summarize, weight_bytes_beyond_file  # noqa: E402
-from llmplan.plans.planfile import read_body, read_header  # noqa: E402
+
+from llmplan.commands.inspect import summarize, weight_bytes_beyond_file  # noqa: E402
+from llmplan.core.planfile import read_body, read_header  # noqa: E402
 
 
 def per_layer(plan: str) -> dict:

@@ -32,7 +32,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from llmplan.plans import llama_cpp
+from llmplan.commands import llama_cpp
 
 
 def _prompt(tokenizer, n: int) -> list[int]:
@@ -54,10 +54,10 @@ SETTLE_S = 0.05
 def compile_plan(model: str, ctx: int, seqs: int = 1, tune_dir: str | None = None, isa: str | None = None):
     """A plan of `model` (decisions from the tune store `tune_dir`; None: the heuristic's): (path, seconds,
     the compile summary)."""
+    from llmplan.core.devices import local_cpu
+    from llmplan.core.tune_store import TuneStore
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import local_cpu
-    from llmplan.plans.tune_store import TuneStore
 
     plan = os.path.join(tempfile.mkdtemp(), "bench.plan")
     t0 = time.perf_counter()
@@ -134,8 +134,8 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
 def plan_run_rss(plan: str, threads: int | None, n_decode: int) -> dict:
     """Peak resident memory of `plan run` on the plan (a child process), and what plan inspect says the
     plan holds beyond the mapped file."""
-    from llmplan.plans.cmd_inspect import summarize
-    from llmplan.plans.planfile import read_body, read_header
+    from llmplan.commands.inspect import summarize
+    from llmplan.core.planfile import read_body, read_header
 
     cmd = [os.path.join(os.path.dirname(sys.executable), "plan"), "run", plan, "-p", "Once upon a time", "-n",
            str(n_decode)] + (["--threads", str(threads)] if threads else [])

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-from llmplan.plans import eval_stats, llama_cpp
+from llmplan.commands import eval_stats, llama_cpp
+from llmplan.core.planfile import read_header
 from llmplan.plans.compile import DEFAULT_CHUNK, plan_for
-from llmplan.plans.planfile import read_header
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import kv_blocks_needed, score, windows
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
+from llmplan.commands import eval_base, eval_stats, llama_cpp
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.tokenizer import load_tokenizer
-from llmplan.plans import eval_base, eval_stats, llama_cpp
 from llmplan.runtime.scoring import windows
 
 ROOT = Path(__file__).resolve().parents[1]

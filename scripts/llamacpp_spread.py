@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from llmplan.plans import llama_cpp
+from llmplan.commands import llama_cpp
 
 FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures"
 SETTINGS = {"fixture settings": {}, "flash attention": {"flash_attn": True}, "ubatch 1": {"n_ubatch": 1, "n_batch": 1}}

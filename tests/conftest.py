@@ -90,7 +90,7 @@ def no_tune_store():
 @pytest.fixture
 def cli(capsys):
     """cli(*argv) runs `plan` in this process and returns (exit code, stdout, stderr)."""
-    from llmplan.plans.cli import main
+    from llmplan.commands.cli import main
 
     def run(*argv):
         code = main([str(a) for a in argv])
@@ -136,9 +136,9 @@ SERVE_CTX, SERVE_CHUNK, SERVE_SEQS = 256, 32, 8
 def cpu_and_gpu_plans(root: Path, gguf: Path, **limits) -> dict[str, str]:
     """{"cpu": path, "sm_90": path}: one model compiled for this CPU and for sm_90 into `root` with the
     same limits (ctx, chunk, max_seqs), for tests that hold a GPU plan against the CPU plan."""
+    from llmplan.core.devices import OFFLINE_TARGETS, local_cpu
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import OFFLINE_TARGETS, local_cpu
 
     out = {}
     for device in ("cpu", "sm_90"):
@@ -152,9 +152,9 @@ def cpu_and_gpu_plans(root: Path, gguf: Path, **limits) -> dict[str, str]:
 def serve_plan(tmp_path_factory):
     """serve_plan("bpe" | "spm"): the fixture model's plan for the serve tests, compiled once per
     session (context 256, prefill chunk 32, 8 sequences per step)."""
+    from llmplan.core.devices import local_cpu
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import local_cpu
 
     plans: dict[str, str] = {}
 

@@ -5,7 +5,7 @@ packing is exercised) and moderate random f16 scales of either sign, in the plan
 read (core/formats.planes). Activations: arena-style packed buffers (field planes, with a
 cpu_kernels.Packed view of the same bytes for the CPU twins), filled either with random fields or by
 the twins' own packing of real values. The paged K/V cache: a page table over the cache's blocks in a
-scrambled order, and a cache whose every cell a kernel has no business reading is NaN. nmse: DESIGN.md's
+scrambled order, and a cache whose every cell a kernel has no business reading is NaN. nmse: docs/numerics.md's
 normalized mean squared error.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 
 from llmplan.core import numerics as num
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, Format, dequantize, planes
-from llmplan.runtime.cpu_kernels import Packed
+from llmplan.runtime.numpy_kernels import Packed
 
 
 def _fmt(fmt: str | Format) -> Format:

@@ -32,7 +32,7 @@ class Served:
         self.log = log
         env = os.environ | {"LLMPLAN_TUNE_DIR": "off", "PYTHONUNBUFFERED": "1"} | (env or {})
         self._out = open(log, "wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "llmplan.plans.cli", "serve", plan, "--port", "0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "llmplan.commands.cli", "serve", plan, "--port", "0",
                                       *flags], stdout=self._out, stderr=subprocess.STDOUT, env=env)
         self.url = self._wait_for(r"listening on (http://\S+)")
         self.headers = {"Authorization": f"Bearer {flags[flags.index('--api-key') + 1]}"} if "--api-key" in flags \

@@ -283,7 +283,7 @@ H200_PROPS = {"name": b"NVIDIA H200", "totalGlobalMem": 150754820096, "sharedMem
 
 
 def fake_cupy(device: EmuDevice, props: dict[str, Any] | None = None) -> types.ModuleType:
-    """The parts of CuPy (13.6, 14.x) the cuda driver, core/gpu_runtime.py and plans/devices.py use,
+    """The parts of CuPy (13.6, 14.x) the cuda driver, core/gpu_runtime.py and core/devices.py use,
     signature lines as CuPy 14.2's docstrings give them."""
     props = dict(H200_PROPS if props is None else props)
 
@@ -529,7 +529,7 @@ GFX1100_PROPS = {"name": b"Radeon RX 7900 XTX", "gcnArchName": b"gfx1100:sramecc
 
 
 def fake_hip(device: EmuDevice, props: dict[str, Any] | None = None, returned_props: bool = False) -> types.ModuleType:
-    """The parts of hip-python's `hip` module the hip driver, core/gpu_runtime.py and plans/devices.py
+    """The parts of hip-python's `hip` module the hip driver, core/gpu_runtime.py and core/devices.py
     use, signature lines as its docstrings give them: every call returns a tuple, its hipError_t first.
     returned_props: hipGetDeviceProperties(deviceId) -> (err, prop), as rocm.bindings (hip-python 10)
     has it; else hipGetDeviceProperties(prop, deviceId) -> (err,), filling `prop`, as hip-python 6.x/7.x."""

@@ -5,12 +5,12 @@ import itertools
 
 import pytest
 
+from llmplan.core.devices import local_cpu
+from llmplan.core.planfile import read_body, read_header
 from llmplan.models.builder import plan_build
 from llmplan.models.model import open_model
 from llmplan.plans.buffers import ALIGN, Buffer, place
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
-from llmplan.plans.planfile import read_header, read_body
 
 
 def test_place_keeps_live_buffers_apart_and_reuses_dead_ones():

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from llmplan.commands.cli import main
+
 from conftest import TINY_BPE, TINY_SPM, VOCAB_SPM
-from llmplan.plans.cli import main
 
 
 def test_info_text(cli):
@@ -109,7 +110,7 @@ def test_make_model_dry_run_json(cli, tmp_path):
 
 def test_console_script_installed(tmp_path):
     (entry,) = importlib.metadata.entry_points(group="console_scripts", name="plan")
-    assert entry.value == "llmplan.plans.cli:main"
+    assert entry.value == "llmplan.commands.cli:main"
     script = shutil.which("plan", path=os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")]))
     assert script, "the `plan` console script is not on PATH"
     r = subprocess.run([script, "info", str(tmp_path / "nope.gguf")], capture_output=True, text=True)

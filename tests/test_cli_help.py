@@ -4,7 +4,7 @@ import argparse
 import subprocess
 import sys
 
-from llmplan.plans.cli import COMMANDS, build_parser
+from llmplan.commands.cli import COMMANDS, build_parser
 
 
 def _parsers(parser: argparse.ArgumentParser, prog: str = "plan"):
@@ -28,7 +28,8 @@ def test_the_walk_sees_every_command():
 
 
 def test_a_command_imports_only_its_own_module():
-    code = ("import sys; from llmplan.plans.cli import main; main(['info', 'missing.gguf']); "
-            "print(sorted(m for m in sys.modules if m.startswith(('llmplan.runtime', 'llmplan.plans.cmd_'))))")
+    code = ("import sys; from llmplan.commands.cli import main; main(['info', 'missing.gguf']); "
+            "print(sorted(m for m in sys.modules if m.startswith(('llmplan.runtime', 'llmplan.plans', "
+            "'llmplan.commands.')) and m != 'llmplan.commands.cli'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "['llmplan.plans.cmd_info']"
+    assert out.strip() == "['llmplan.commands.info']"

@@ -13,7 +13,7 @@ LONG = "Once upon a time " * 20  # more tokens than the plan's context of 32
 
 @pytest.fixture(scope="module")
 def small_plan(tmp_path_factory):
-    from llmplan.plans.cli import main
+    from llmplan.commands.cli import main
 
     path = tmp_path_factory.mktemp("plans") / "ctx32.plan"
     assert main(["compile", str(TINY_SPM), "--ctx", "32", "--chunk", "16", "--tune-dir", "off", "-o", str(path),

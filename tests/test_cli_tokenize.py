@@ -5,8 +5,9 @@ import json
 
 import pytest
 
+from llmplan.commands.cli import main
+
 from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE, VOCAB_SPM
-from llmplan.plans.cli import main
 
 
 def test_tokenize_json_follows_add_bos(cli):

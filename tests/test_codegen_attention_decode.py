@@ -12,15 +12,16 @@ import re
 import numpy as np
 import pytest
 
-from codegen_checks import built, needs_emulator
-from kernel_emu import runner
-from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
 from llmplan.codegen.build import KERNEL_DIR, BuildError
 from llmplan.codegen.families import attention_decode as ad
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core import numerics as num
-from llmplan.runtime import cpu_kernels as ck
+from llmplan.runtime import numpy_kernels as ck
+
+from codegen_checks import built, needs_emulator
+from kernel_emu import runner
+from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
 
 # (head_dim, group, chunk): Llama-3-8B, Llama-3-70B, Gemma 3, Llama 2 (MHA), small and odd head sizes,
 # a head over 256 (two 16-byte slices per lane), a short chunk
@@ -171,7 +172,7 @@ def test_partial_matches_twin(emulators, wave, case):
     used = np.isfinite(want[..., d])
     assert np.array_equal(np.isfinite(part[..., d]), used)
     assert (part[~used][:, :d] == 0).all() and (part[~used][:, d + 1] == 0).all()  # (0, -inf, 0)
-    # accumulation-order class (DESIGN: 5e-4); measured about 1e-9: an f16 weight may round the other
+    # accumulation-order class (docs/numerics.md: 5e-4); measured about 1e-9: an f16 weight may round the other
     # way when a score differs in its last bit
     assert nmse(part[used], want[used]) < 1e-6
     assert np.allclose(part[used][:, d], want[used][:, d], rtol=1e-5, atol=1e-5)  # the max scores

@@ -2,7 +2,7 @@
 
 Launch records; a build of every table format for all five targets (no spills, no stack, no float FMA
 in the dequantization: the CPU twin rounds every product on its own); and bit-exact rows against the
-CPU twin (runtime/cpu_kernels.py embed over core/formats.dequantize) on the CPU emulator
+CPU twin (runtime/numpy_kernels.py embed over core/formats.dequantize) on the CPU emulator
 (tests/kernel_emu.py), random quant bytes, with out-of-range tokens giving NaN rows.
 """
 
@@ -16,17 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from conftest import require_compiler
-from kernel_emu import runner
-from kernel_inputs import planar_bytes, random_blocks
 from llmplan.codegen import build as build_mod
 from llmplan.codegen.families import embed
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core.formats import FORMATS
-from llmplan.runtime.cpu_kernels import MappedRows
-from llmplan.runtime.cpu_kernels import embed as cpu_embed
+from llmplan.runtime.numpy_kernels import MappedRows
+from llmplan.runtime.numpy_kernels import embed as cpu_embed
+
+from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from conftest import require_compiler
+from kernel_emu import runner
+from kernel_inputs import planar_bytes, random_blocks
 
 
 def test_launch():

@@ -1,6 +1,6 @@
 """The prefill GEMM kernels' numbers, on the CPU (tests/kernel_emu.py: the kernel source compiled for
 the host, every GPU thread a fiber, mma.sync and RDNA3 WMMA fragments emulated with their register
-layouts) against the CPU twin runtime/cpu_kernels.py matmul, ggml's way: random inputs (random bytes in
+layouts) against the CPU twin runtime/numpy_kernels.py matmul, ggml's way: random inputs (random bytes in
 every quantized weight field; activations packed by the twins' own packing), outputs poisoned with NaN
 and a guard row that must stay untouched, NMSE against the twin.
 
@@ -16,13 +16,14 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import runner
-from kernel_inputs import nmse, pack_activation, random_weight
 from llmplan.codegen.families import gemm
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.runtime.cpu_kernels import matmul as cpu_matmul
+from llmplan.runtime.numpy_kernels import matmul as cpu_matmul
+
+from codegen_checks import needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from kernel_emu import runner
+from kernel_inputs import nmse, pack_activation, random_weight
 
 pytestmark = needs_emulator
 

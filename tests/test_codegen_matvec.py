@@ -7,10 +7,10 @@ Three kinds of check:
   with no spills, sane registers, no shared memory or stack, and the integer-dot and 128-bit-load
   instructions present;
 - numbers: the kernels run on the CPU emulator (tests/kernel_emu.py: the same source, every lane a
-  fiber, wave 32 and wave 64) against the CPU twin runtime/cpu_kernels.py matmul on random planar
+  fiber, wave 32 and wave 64) against the CPU twin runtime/numpy_kernels.py matmul on random planar
   weights (every quant bit pattern) and packed activations, outputs poisoned and checked fully written.
   The sums differ from the twin's float32 BLAS only in order: a wrong index or bit shows as an NMSE
-  above 1e-4, rounding below 1e-12, so the bound here is 1e-9 (DESIGN.md's 5e-4 is the contract).
+  above 1e-4, rounding below 1e-12, so the bound here is 1e-9 (docs/numerics.md's 5e-4 is the contract).
 """
 
 from __future__ import annotations
@@ -20,14 +20,15 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import runner
-from kernel_inputs import nmse, random_activation, random_weight
 from llmplan.codegen.families import matvec
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core.formats import ACTIVATION_FORMAT
-from llmplan.runtime.cpu_kernels import matmul as cpu_matmul
+from llmplan.runtime.numpy_kernels import matmul as cpu_matmul
+
+from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from kernel_emu import runner
+from kernel_inputs import nmse, random_activation, random_weight
 
 TIGHT = 1e-9
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q4_K", "Q6_K"], ["Q5_K", "Q3_K", "Q2_K"], ["Q8_0", "Q4_0", "Q5_0"],

@@ -11,9 +11,6 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import built, needs_emulator
-from kernel_emu import runner
-from kernel_inputs import nmse, packed_buffer, page_table
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.families import glu, rope_kv
@@ -21,7 +18,11 @@ from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core import numerics as num
 from llmplan.models.builder import llama31_rope_factors
-from llmplan.runtime import cpu_kernels as ck
+from llmplan.runtime import numpy_kernels as ck
+
+from codegen_checks import built, needs_emulator
+from kernel_emu import runner
+from kernel_inputs import nmse, packed_buffer, page_table
 
 
 def all_kernels():

@@ -3,7 +3,7 @@ per-slice argmax, and the final reduction to one token per row.
 
 Launch records (three launches and the scratch references they share); builds of every head format and
 activation format for all five targets; and on the CPU emulator (tests/kernel_emu.py) against the CPU
-twin runtime/cpu_kernels.py tail_argmax: the packed rows byte for byte against the twin's packing, the
+twin runtime/numpy_kernels.py tail_argmax: the packed rows byte for byte against the twin's packing, the
 final token of every row, the per-slice partial results against the twin's logits, ties (the lower
 index wins, as np.argmax) and NaN logits (the first NaN wins).
 """
@@ -15,16 +15,16 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import runner
-from kernel_inputs import planar_bytes, random_blocks, random_weight
 from llmplan.codegen.families import matvec, tail
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.core.formats import ACTIVATION_FORMAT
 from llmplan.core import numerics as num
-from llmplan.core.formats import ACTIVATION_FORMATS, dequantize, planes
-from llmplan.runtime.cpu_kernels import tail_argmax as cpu_tail
+from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, dequantize, planes
+from llmplan.runtime.numpy_kernels import tail_argmax as cpu_tail
+
+from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from kernel_emu import runner
+from kernel_inputs import planar_bytes, random_blocks, random_weight
 
 EPS = 1e-5
 

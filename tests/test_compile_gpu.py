@@ -10,23 +10,24 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM, require_compiler
 from llmplan.codegen import families
-from llmplan.plans import select
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
+from llmplan.core.console import human_bytes
+from llmplan.core.devices import OFFLINE_TARGETS
 from llmplan.core.errors import InputError
+from llmplan.core.op_traits import FAMILIES
+from llmplan.core.planfile import read_body, read_header
+from llmplan.core.tune_store import TuneStore
 from llmplan.models.info import describe
 from llmplan.models.model import open_model
-from llmplan.core.op_traits import FAMILIES
+from llmplan.plans import select
 from llmplan.plans.compile import compile_model, limits_for, lower_phases
-from llmplan.plans.console import human_bytes
-from llmplan.plans.devices import OFFLINE_TARGETS
-from llmplan.plans.planfile import read_body, read_header
-from llmplan.plans.probes import Verdict, record
-from llmplan.plans.tune_store import TuneStore
-from llmplan.runtime.cpu_kernels import KERNELS
+from llmplan.runtime.numpy_kernels import KERNELS
+from llmplan.tuning.probes import Verdict, record
+
+from conftest import TINY_BPE, TINY_SPM, require_compiler
 
 
 @pytest.fixture(scope="module")
@@ -288,7 +289,7 @@ def test_the_tune_store_decides_gpu_members(kernel_cache, tmp_path):
         cands = select.members(launch, ctx)
         names = list(cands)
         bid = build or select.build_id(tuple(ln.kernel for lns in cands.values() for ln in lns))
-        v = Verdict({n: 2e-4 for n in names} | {names[1]: 1e-4}, {}, names[0], names[1], 1.0, False, 10)
+        v = Verdict({n: 2e-4 for n in names} | {names[1]: 1e-4}, {}, names[0], names[1], 1.0, False, 10, 5)
         store.save(record(v, device_key, select.decision_key(launch, ctx), bid))
         return select.decision_key(launch, ctx), names[1]  # the family's second: not the heuristic's
 

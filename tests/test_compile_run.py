@@ -14,18 +14,20 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
 from llmplan.codegen import cpu_build, toolchain
+from llmplan.commands import llama_cpp
+from llmplan.core.devices import local_cpu
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.model import open_model
 from llmplan.passes.manager import compile_graph
-from llmplan.plans import cpu_native, cpu_tuning, llama_cpp
+from llmplan.plans import cpu_decisions, cpu_native
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, SamplingParams
+
+from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
 
 MODELS = {"tiny-llama-spm-Q4_K_M": lambda r: TINY_SPM, "tiny-llama3-bpe-Q4_K_M": lambda r: TINY_BPE,
           "gemma3-270m": lambda r: r.getfixturevalue("gemma3_path")}
@@ -141,7 +143,7 @@ def test_cli_compile_and_inspect(cli, tmp_path):
     assert len(w["layouts"]["f32"]["tensors"]) == 2 * 2 + 1 and len(w["layouts"]["rows16"]["tensors"]) == 2 * 7 + 1
     assert w["layouts"]["blocks"]["tensors"] == ["token_embd.weight"]
     # the store off: the heuristic's schedule, no prefetch where the model fits the last-level cache
-    member = "t16a0" if TINY_BPE.stat().st_size <= cpu_tuning.last_level_cache() else "t16"
+    member = "t16a0" if TINY_BPE.stat().st_size <= cpu_decisions.last_level_cache() else "t16"
     assert s["phases"]["decode"]["kernels"][f"matmul/{member}"] == 9
     assert s["kernels"] == sorted(s["kernels"]) and all(k.startswith("lp_cpu_") for k in s["kernels"])
     held = s["held_beyond_file"]
@@ -191,7 +193,7 @@ def test_running_a_plan_loads_no_module_it_does_not_use(tmp_path_factory):
     """What each adds to the peak RSS of `plan run PLAN` on gemma3-270m for nothing (a greedy run, no
     --chat): the compiler's modules (networkx, the IR) 15 MiB, jinja2 7-9 MiB, numpy.random 2 MiB."""
     plan = _engine(TINY_SPM, tmp_path_factory.getbasetemp()).plan_path
-    code = (f"import sys; from llmplan.plans.cli import main; main(['run', {plan!r}, '-p', 'Hi', '-n', '2']); "
+    code = (f"import sys; from llmplan.commands.cli import main; main(['run', {plan!r}, '-p', 'Hi', '-n', '2']); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('networkx', 'jinja2') "
             "or m.startswith(('llmplan.ir', 'llmplan.passes', 'llmplan.plans.compile', 'numpy.random'))))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,6 +1,6 @@
-"""The CPU backend's kernels (runtime/cpu_kernels.py) against the reference interpreter (ir/interpret.py).
+"""The CPU backend's kernels (runtime/numpy_kernels.py) against the reference interpreter (ir/interpret.py).
 
-ggml's test-backend-ops method (DESIGN.md, "Quality bars"): for every kernel family and every op it
+ggml's test-backend-ops method (docs/numerics.md, "Kernel by kernel"): for every kernel family and every op it
 serves, fresh random inputs (never zeros) in several shapes, outputs poisoned before the call (NaN for
 float outputs, 0x80 bytes for packed values, bf16 bit patterns and int32), the kernel called through
 `KERNELS[TRAITS[op].family](op, attrs, outs, *inputs)` as the cpu driver calls it, its outputs checked
@@ -20,12 +20,12 @@ import zlib
 import numpy as np
 import pytest
 
-from llmplan.ir.interpret import IMPLS
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
 from llmplan.core.numerics import PAGE
-from llmplan.models.quantize import quantize
 from llmplan.core.op_traits import FAMILIES, TRAITS
-from llmplan.runtime.cpu_kernels import KERNELS, MappedRows, Packed
+from llmplan.ir.interpret import IMPLS
+from llmplan.models.quantize import quantize
+from llmplan.runtime.numpy_kernels import KERNELS, MappedRows, Packed
 
 F32, F16, U16 = np.float32, np.float16, np.uint16
 EXACT = 1e-7  # packing, norms, integer-valued dots, elementwise

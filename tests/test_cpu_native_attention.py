@@ -1,11 +1,11 @@
 """The CPU target's attention (codegen/cpu_families/attention.py, codegen/cpu/attention.h) against the
-NumPy twins runtime/cpu_kernels.py attention, attention_partial, attention_reduce(_pack), on every SIMD
+NumPy twins runtime/numpy_kernels.py attention, attention_partial, attention_reduce(_pack), on every SIMD
 path this machine has.
 
 The cache is paged through a scrambled page table; every cell a row has no business reading (other
 positions, other sequences, spare blocks) is NaN, so reading one shows. Partials and outputs are
 poisoned. The float sums' order and the exp differ from the twin's (accumulation-order class,
-DESIGN.md: NMSE < 5e-4; measured up to a few 1e-9, where an f16 exp weight rounds the other way), and
+docs/numerics.md: NMSE < 5e-4; measured up to a few 1e-9, where an f16 exp weight rounds the other way), and
 prefill (`attention`) and decode (partials + reduce) give a row the same bits.
 """
 
@@ -14,11 +14,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
-from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
 from llmplan.codegen.cpu_families import attention as at
 from llmplan.core import numerics as num
-from llmplan.runtime import cpu_kernels as ck
+from llmplan.runtime import numpy_kernels as ck
+
+from cpu_native import ISAS, context, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
+from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
 
 OUT_FORMATS = ["f32", "q8_0", "q8_1", "q8_k", "f16", "bf16"]
 

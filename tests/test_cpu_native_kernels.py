@@ -1,10 +1,10 @@
-"""The CPU target's row kernels against their NumPy twins (runtime/cpu_kernels.py), on every SIMD path this
+"""The CPU target's row kernels against their NumPy twins (runtime/numpy_kernels.py), on every SIMD path this
 machine has: RMSNorm, RMSNorm + pack and pack into every output format, the embedding gather, GLU + pack,
 the elementwise ops, row gathers, rope + K/V write.
 
 Packing, norms, gathers, rope and the float64 activations are the exact-arithmetic class: equal to the
 twin bit for bit here, except where an ulp of an input (the order of a float64 sum of squares) moves a
-rounding (then NMSE < 1e-7, DESIGN.md's bound). Float outputs are poisoned with NaN; packed outputs are
+rounding (then NMSE < 1e-7, docs/numerics.md's bound). Float outputs are poisoned with NaN; packed outputs are
 run twice over buffers poisoned with 0xFF and with zeros, which must come out equal (every byte written).
 """
 
@@ -16,14 +16,15 @@ import time
 import numpy as np
 import pytest
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
-from kernel_inputs import nmse, packed_buffer, page_table
 from llmplan.codegen.cpu_families import elementwise as ew
 from llmplan.codegen.cpu_families import embed, glu, norm, rope_kv
 from llmplan.codegen.families.rope_kv import rope_f32
-from llmplan.core.numerics import rope_table
 from llmplan.core import numerics as num
-from llmplan.runtime import cpu_kernels as ck
+from llmplan.core.numerics import rope_table
+from llmplan.runtime import numpy_kernels as ck
+
+from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from kernel_inputs import nmse, packed_buffer, page_table
 
 OUT_FORMATS = list(norm.FORMATS)
 PLAIN = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32}

@@ -1,10 +1,10 @@
 """The CPU target's projections (codegen/cpu_families/matmul.py, codegen/cpu/matmul.h + unpack.h + quant.cuh)
-against the NumPy twin runtime/cpu_kernels.py matmul, on every SIMD path this machine has.
+against the NumPy twin runtime/numpy_kernels.py matmul, on every SIMD path this machine has.
 
 Weights are random blocks as a GGUF stores them (every quant bit pattern, moderate scales of either
 sign), read in place; activations random packed blocks (or f16 / bf16 / f32 values). The integer dot
 products are exact and only the float sums' order differs from the twin's BLAS: a wrong bit or index
-shows as an NMSE far above 1e-6, rounding lands near 1e-13, so the bound here is 1e-9 (DESIGN.md's 5e-4
+shows as an NMSE far above 1e-6, rounding lands near 1e-13, so the bound here is 1e-9 (docs/numerics.md's 5e-4
 is the contract). Outputs are poisoned (NaN) with a guard row, and checked fully written. A row's result
 must not depend on the rows beside it, the task size or the thread count: checked bit for bit.
 """
@@ -14,12 +14,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
-from kernel_inputs import nmse, random_activation
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, dequantize
-from llmplan.runtime.cpu_kernels import matmul as twin_matmul
+from llmplan.runtime.numpy_kernels import matmul as twin_matmul
+
+from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from kernel_inputs import nmse, random_activation
 
 TIGHT = 1e-9
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K", "Q2_K"], ["Q4_1", "Q5_1"],

@@ -17,18 +17,19 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM, llama_cpp_bound
-from cpu_native import ISAS, needs_compiler
-from kernel_inputs import nmse
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.core import layouts
+from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
 from llmplan.core.numerics import pages_for
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
+
+from conftest import TINY_BPE, TINY_SPM, llama_cpp_bound
+from cpu_native import ISAS, needs_compiler
+from kernel_inputs import nmse
 
 PROMPT = "Once upon a time, in a land far away, there lived"
 STEPS = 8

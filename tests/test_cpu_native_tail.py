@@ -1,5 +1,5 @@
 """The CPU target's fused tail (codegen/cpu_families/tail.py, codegen/cpu/tail.h) against the NumPy twin
-runtime/cpu_kernels.py tail_argmax, on every SIMD path this machine has: the greedy token of each row.
+runtime/numpy_kernels.py tail_argmax, on every SIMD path this machine has: the greedy token of each row.
 
 The twin takes the argmax of float32 BLAS logits on the packed values, the kernel of integer dot
 products: the logits agree to rounding, so the tokens agree but where two logits are within rounding of
@@ -12,11 +12,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from llmplan.codegen.cpu_families import tail
 from llmplan.core import numerics as num
 from llmplan.core.formats import ACTIVATION_FORMAT
-from llmplan.runtime import cpu_kernels as ck
+from llmplan.runtime import numpy_kernels as ck
+
+from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 
 HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
 

@@ -1,6 +1,6 @@
 """GPU plans run end to end on the emulated GPU (`--device emu`): the plan's own kernels for sm_90 (mma.sync
 fragments), gfx1100 (WMMA) and gfx942 (wave 64) give the CPU plan's greedy tokens and, within
-DESIGN.md's bound, its prompt logits, on four models that between them have every feature the kernels
+docs/numerics.md's bound, its prompt logits, on four models that between them have every feature the kernels
 specialise on: SPM llama, GQA with rope factors, Gemma 3 (sliding window, GELU, query/key norms, tied
 head) and a mix of the 32-value and K-quant formats. Every run is in poison mode: each launch's outputs,
 scratch and K/V cells are NaN before it and must be fully written after it."""
@@ -12,15 +12,16 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import needs_emulator
-from conftest import TINY_BPE, TINY_SPM
-from kernel_inputs import nmse
+from llmplan.core.devices import OFFLINE_TARGETS, local_cpu
 from llmplan.models.builder import plan_build
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import OFFLINE_TARGETS, local_cpu
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
+
+from codegen_checks import needs_emulator
+from conftest import TINY_BPE, TINY_SPM
+from kernel_inputs import nmse
 
 pytestmark = needs_emulator
 
@@ -28,7 +29,7 @@ TARGETS = ("sm_90", "gfx1100", "gfx942")
 STEPS = 8
 PROMPTS = ["Once upon a time", "The capital of France is",
            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"]
-LOGITS_NMSE = 1e-3  # DESIGN.md: whole-model prompt logits
+LOGITS_NMSE = 1e-3  # docs/numerics.md: whole-model prompt logits
 # a model whose projections cover the formats the other three lack: Q2_K, Q3_K, Q5_K and Q5_0 / Q8_0
 # (random blocks: there are no Q2_K / Q3_K quantizers)
 MIX = {"blk.0.attn_q.weight": "Q2_K", "blk.0.attn_k.weight": "Q3_K", "blk.0.attn_v.weight": "Q5_K",

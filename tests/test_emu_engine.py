@@ -1,7 +1,7 @@
 """The engine on the emulated GPU: scheduling (chunked prefill across sequences past one attention split,
 batched decode at every width, preemption and recompute) changes no token; replayed decode buckets and
 pipelined decode give the direct, unpipelined tokens; and launch by launch, each GPU kernel fed exactly
-the CPU plan's inputs lands within DESIGN.md's bound of its NumPy twin."""
+the CPU plan's inputs lands within docs/numerics.md's bound of its NumPy twin."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ pytestmark = needs_emulator
 STORY = ("Once upon a time, in a land far away, there lived an old clockmaker who built a clock that ran "
          "backwards. Every morning the children of the village gathered to watch its hands, and every evening "
          "their parents argued about what it meant. ") * 8
-EXACT, ORDER = 1e-7, 5e-4  # DESIGN.md: exact-arithmetic kernels; accumulation-order-sensitive ones
+EXACT, ORDER = 1e-7, 5e-4  # docs/numerics.md: exact-arithmetic kernels; accumulation-order-sensitive ones
 ORDER_SENSITIVE = {"matmul", "attention_prefill", "attention_decode", "tail"}
 
 
@@ -110,7 +110,7 @@ def _values(region, data: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("phase", ["prefill", "decode"])
 def test_each_gpu_launch_matches_its_cpu_twin(plans, phase):
     """Prefill a prompt on the CPU plan, then run one more step launch by launch on both backends, the
-    GPU launch's inputs copied from the CPU's; compare every output with DESIGN.md's bounds."""
+    GPU launch's inputs copied from the CPU's; compare every output with docs/numerics.md's bounds."""
     cpu = Engine.load(plans["cpu"])
     gpu = Engine.load(plans["sm_90"], device="emu")
     ids = cpu.tokenizer.encode(STORY)[:40]

@@ -9,12 +9,13 @@ import time
 import numpy as np
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM
+from llmplan.core.devices import local_cpu
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, RequestError, SamplingParams
+
+from conftest import TINY_BPE, TINY_SPM
 
 CTX, CHUNK, SEQS = 256, 32, 4
 LENGTHS = [3, 9, 17, 31, 40, 55, 70, 90]  # prompt tokens: one block or several, one prefill chunk or three

@@ -13,20 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codegen_checks import needs_emulator
-from conftest import LLAMA_CPP_KL, TINY_BPE, TINY_SPM, llama_cpp_kl_bound, require_compiler
+from llmplan.commands import eval_base, eval_stats, llama_cpp
+from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
 from llmplan.core.numerics import pages_for
+from llmplan.core.planfile import read_header
 from llmplan.ir.interpret import Interpreter
 from llmplan.ir.trace import trace_model
 from llmplan.models.model import open_model
 from llmplan.passes.manager import compile_graph
-from llmplan.plans import eval_base, eval_stats, llama_cpp
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
-from llmplan.plans.planfile import read_header
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import kv_blocks_needed, score, windows
+
+from codegen_checks import needs_emulator
+from conftest import LLAMA_CPP_KL, TINY_BPE, TINY_SPM, llama_cpp_kl_bound, require_compiler
 
 DATA = Path(__file__).parent / "data"
 ALICE = (DATA / "alice_ch1-3.txt").read_text(encoding="utf-8")
@@ -58,7 +59,7 @@ def text(tmp_path_factory):
 @pytest.fixture(scope="module")
 def saved(text, tmp_path_factory):
     """TEXT scored by tiny-llama-spm's plan (steps of 16 rows, at most 8 scored): (base file, --json)."""
-    from llmplan.plans.cli import main
+    from llmplan.commands.cli import main
 
     base = tmp_path_factory.mktemp("base") / "base.npz"
     plan = _plan(str(tmp_path_factory.getbasetemp()), TINY_SPM, 16, 8)
@@ -271,7 +272,7 @@ def test_cpu_against_emu(plan, cli, tmp_path):
     prompt-logit NMSE by about 2e-4, as llama.cpp's flash attention does, and that is a KL of about
     4e-3; llama.cpp's own two settings differ by 7.9e-3 here.)"""
     from llmplan.codegen.targets import target_for
-    from llmplan.plans.devices import OFFLINE_TARGETS
+    from llmplan.core.devices import OFFLINE_TARGETS
 
     require_compiler(target_for("sm_90"))
     name = "tiny-llama-spm-Q4_K_M"

@@ -5,11 +5,13 @@ phases on stderr."""
 
 import io
 
-from conftest import TINY_SPM
 from llmplan.codegen import cpu_build
-from llmplan.plans import cpu_native, cpu_tuning
-from llmplan.plans.console import Progress
-from llmplan.plans.planfile import read_body, read_header
+from llmplan.core.console import Progress
+from llmplan.core.planfile import read_body, read_header
+from llmplan.plans import cpu_native
+from llmplan.tuning import cpu_schedules
+
+from conftest import TINY_SPM
 
 
 def _tuning(plan):
@@ -20,8 +22,9 @@ def _tuning(plan):
 def test_a_first_run_probes_nothing_and_says_how_to_tune(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("LLMPLAN_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("LLMPLAN_TUNE_DIR", str(tmp_path / "store"))
-    probe = cpu_tuning.probe
-    monkeypatch.setattr(cpu_tuning, "probe", lambda *a: (_ for _ in ()).throw(AssertionError("probed")))
+    probes = {name: getattr(cpu_schedules, name) for name in ("probe_panels", "probe_schedules")}
+    for name in probes:
+        monkeypatch.setattr(cpu_schedules, name, lambda *a: (_ for _ in ()).throw(AssertionError("probed")))
     run = ("run", TINY_SPM, "-p", "Once upon a time", "-n", "2", "--ctx", "256")
     code, _, err = cli(*run)
     [plan] = (tmp_path / "cache" / "plans").iterdir()
@@ -36,7 +39,8 @@ def test_a_first_run_probes_nothing_and_says_how_to_tune(cli, tmp_path, monkeypa
     plan.write_bytes(b"LLMPLAN\0" + (99).to_bytes(4, "little") + bytes(8))  # as a later llmplan's
     code, _, err = cli(*run)
     assert code == 0 and "compiled" in err  # compiled again, not refused
-    monkeypatch.setattr(cpu_tuning, "probe", probe)
+    for name, probe in probes.items():
+        monkeypatch.setattr(cpu_schedules, name, probe)
     code, _, _ = cli("tune", TINY_SPM, "--ctx", "256", "--round-ms", "0.5")
     assert code == 0 and not plan.exists()
     code, _, err = cli(*run)

@@ -2,7 +2,7 @@
 past the end of the file.
 
 - CASES: hand-made files (tests/gguf_bytes.py), each a valid file with exactly one defect, one or
-  more per check the reader must enforce (DESIGN.md, "Model input").
+  more per check the reader must enforce (docs/architecture.md, "Model input").
 - every prefix of the tiny-llama-spm fixture's header (0 .. header_bytes) is rejected.
 - a hypothesis mutation test over the fixture headers: each mutant loads, or raises GGUFError.
 - metadata of a (sparse) 5 GB file is read without touching its tensor data.

@@ -20,21 +20,33 @@ from unittest import mock
 import numpy as np
 import pytest
 
-from codegen_checks import needs_emulator
-from conftest import TINY_BPE, require_compiler
 from llmplan.codegen.targets import TARGETS
+from llmplan.core.devices import OFFLINE_TARGETS, cuda_facts, hip_facts, local_gpu
 from llmplan.core.errors import InputError
+from llmplan.core.planfile import read_body, read_header, write_plan
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.planfile import read_body, read_header, write_plan
-from llmplan.plans.devices import OFFLINE_TARGETS, cuda_facts, hip_facts, local_gpu
 from llmplan.runtime import engine as engine_module
 from llmplan.runtime.driver import driver_for
 from llmplan.runtime.drivers.gpu import LaunchArgs, pack
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
-from stream_emu import (GFX1100_PROPS, H200_PROPS, EmuCudaDriver, EmuDevice, EmuHipDriver, FakeError, Stub,
-                        fake_cupy, fake_hip, parse_signature, unpack)
+
+from codegen_checks import needs_emulator
+from conftest import TINY_BPE, require_compiler
+from stream_emu import (
+    GFX1100_PROPS,
+    H200_PROPS,
+    EmuCudaDriver,
+    EmuDevice,
+    EmuHipDriver,
+    FakeError,
+    Stub,
+    fake_cupy,
+    fake_hip,
+    parse_signature,
+    unpack,
+)
 
 PROMPTS = ["Once upon a time", "The capital of France is"]
 
@@ -98,11 +110,11 @@ def test_no_device_is_one_line_and_exit_2(gpu_plan, backend):
     with pytest.raises(InputError, match=f"--device {backend}"):
         driver_for(backend)
     if backend == "cuda":
-        r = subprocess.run([sys.executable, "-m", "llmplan.plans.cli", "run", gpu_plan, "--device", "cuda", "-p", "Hi",
+        r = subprocess.run([sys.executable, "-m", "llmplan.commands.cli", "run", gpu_plan, "--device", "cuda", "-p", "Hi",
                             "-n", "2"], capture_output=True, text=True)
         assert r.returncode == 2 and r.stdout == "", r
         assert len(r.stderr.strip().splitlines()) == 1 and "--device cuda" in r.stderr, r.stderr
-    r = subprocess.run([sys.executable, "-m", "llmplan.plans.cli", "compile", str(TINY_BPE), "--device", backend,
+    r = subprocess.run([sys.executable, "-m", "llmplan.commands.cli", "compile", str(TINY_BPE), "--device", backend,
                         "-o", "/dev/null"], capture_output=True, text=True)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and backend in r.stderr, r.stderr
 
@@ -207,7 +219,7 @@ def test_device_facts_from_the_runtimes_properties():
 
 @pytest.mark.parametrize("returned_props", [False, True], ids=["hip-python-7", "rocm-bindings"])
 def test_local_device_facts_through_the_libraries(returned_props):
-    """plans/devices.local_gpu over the stand-ins: CuPy's getDeviceProperties dict, and hip-python's
+    """core/devices.local_gpu over the stand-ins: CuPy's getDeviceProperties dict, and hip-python's
     hipDeviceProp_t in either form (filled in by the call, or returned by it)."""
     device = EmuDevice("sm_90", 49152, 232448, 0)
     with mock.patch.dict(sys.modules, {"cupy": fake_cupy(device)}):
@@ -221,9 +233,10 @@ def test_the_kernel_tests_gpu_runner_over_the_cupy_stand_in(monkeypatch):
     """tests/cuda_runner.py, which runs the kernel tests' launches on the GPU in scripts/device-check,
     over the CuPy stand-in: its calls have CuPy's signatures, its scalars go as 4-byte NumPy scalars,
     and an rmsnorm launch gives the emulator's output bit for bit."""
+    from test_codegen_build import _norm_kernels
+
     import cuda_runner
     import kernel_emu
-    from test_codegen_build import _norm_kernels
 
     require_compiler(TARGETS["sm_90"])
     launch = _norm_kernels()[-1]

@@ -1,5 +1,5 @@
 """End to end on the GPU (marker `gpu`; skipped without one): a GPU plan compiled for the local device
-gives the CPU plan's greedy tokens (up to near ties) and, within DESIGN.md's bound, its prompt logits;
+gives the CPU plan's greedy tokens (up to near ties) and, within docs/numerics.md's bound, its prompt logits;
 graph replay and pipelined decode give the direct launches' tokens; every launch writes all it should
 (poison mode, on the tiny models). scripts/device-check runs these on the H200 (LLMPLAN_GPU_DEVICE=cuda, the default), and
 with --emu on the emulated GPU (LLMPLAN_GPU_DEVICE=emu, plans for sm_90), which CI does.
@@ -19,22 +19,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM
-from kernel_inputs import nmse
+from llmplan.core.devices import OFFLINE_TARGETS, local_cpu, resolve_device
 from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import OFFLINE_TARGETS, local_cpu, resolve_device
 from llmplan.runtime.driver import driver_for
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
+
+from conftest import TINY_BPE, TINY_SPM
+from kernel_inputs import nmse
 
 DEVICE = os.environ.get("LLMPLAN_GPU_DEVICE", "cuda")
 MODELS = Path(os.environ["LLMPLAN_GPU_MODELS"]) if os.environ.get("LLMPLAN_GPU_MODELS") else None
 STEPS = 16 if DEVICE != "emu" else 4  # the emulated GPU is slow: fewer steps prove the same logic
 PROMPTS = ["Once upon a time", "The capital of France is",
            "one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"]
-LOGITS_NMSE = 1e-3  # DESIGN.md: whole-model prompt logits
+LOGITS_NMSE = 1e-3  # docs/numerics.md: whole-model prompt logits
 CTX, CHUNK, SEQS = 512, 64, 3
 
 

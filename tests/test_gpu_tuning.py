@@ -1,4 +1,4 @@
-"""GPU probes (plans/gpu_tuning.py, runtime/probe_runner.py) on the emulated GPU: the decisions of a
+"""GPU probes (tuning/gpu_members.py) on the emulated GPU: the decisions of a
 GPU plan, every member checked against the default's output (one that writes nothing is rejected),
 timed in interleaved rounds, recorded in the tune store under the key and build id the planner
 consults, so the next compile takes them. The timings mean nothing here; on a GPU it is
@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from llmplan.core.devices import OFFLINE_TARGETS
+from llmplan.core.planfile import read_body, read_header
+from llmplan.core.tune_store import TuneStore
+from llmplan.models.model import open_model
+from llmplan.plans.compile import compile_model, limits_for, lower_phases
+from llmplan.runtime.drivers.emu import EmuDriver
+from llmplan.tuning import gpu_members
+from llmplan.tuning.gpu_members import ProbeRunner
+
 from codegen_checks import needs_emulator
 from conftest import TINY_BPE
-from llmplan.models.model import open_model
-from llmplan.plans import gpu_tuning
-from llmplan.plans.compile import compile_model, limits_for, lower_phases
-from llmplan.plans.devices import OFFLINE_TARGETS
-from llmplan.plans.planfile import read_body, read_header
-from llmplan.plans.tune_store import TuneStore
-from llmplan.runtime.drivers.emu import EmuDriver
-from llmplan.runtime.probe_runner import ProbeRunner
 
 pytestmark = needs_emulator
 
@@ -26,7 +27,7 @@ def test_gpu_probes_fill_the_store_the_planner_reads(tmp_path):
     model, device = open_model(TINY_BPE), OFFLINE_TARGETS["sm_90"]
     limits = limits_for(model, 256, 16, 2)  # prefill chunks of 16 rows: the GEMM tiles, quick enough to emulate
     phases, _, _, table = lower_phases(model, device, limits)
-    found, built = gpu_tuning.decisions(phases, table, device)
+    found, built = gpu_members.decisions(phases, table, device)
     assert found and all(len(d.candidates) > 1 for d in found)
     cheap = [d for d in found if d.key.startswith("gemm:")][:2]
     assert cheap, [d.key for d in found]
@@ -35,7 +36,7 @@ def test_gpu_probes_fill_the_store_the_planner_reads(tmp_path):
     for d in cheap:
         v = runner.verdict(d, round_seconds=0.001)
         assert v.rejected == {} and set(v.medians) == set(d.candidates) and v.default == next(iter(d.candidates))
-        gpu_tuning.keep(d, v, device, store)
+        gpu_members.keep(d, v, device, store)
     idle = dataclasses.replace(cheap[0], candidates={**cheap[0].candidates, "nothing": []})
     assert "NMSE" in runner.verdict(idle, round_seconds=0.001).rejected["nothing"]
 

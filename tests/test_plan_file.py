@@ -5,17 +5,18 @@ import struct
 
 import pytest
 
+from llmplan.core.devices import OFFLINE_TARGETS
+from llmplan.core.planfile import FORMAT_VERSION, read_body, read_header, write_plan
+
 from conftest import TINY_BPE, TINY_SPM
 from cpu_native import needs_compiler
-from llmplan.plans.devices import OFFLINE_TARGETS
-from llmplan.plans.planfile import FORMAT_VERSION, read_body, read_header, write_plan
 
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory):
+    from llmplan.core.devices import local_cpu
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import local_cpu
 
     out = tmp_path_factory.mktemp("plan") / "spm.plan"
     compile_model(open_model(TINY_SPM), local_cpu(), out, ctx=256, chunk=64)

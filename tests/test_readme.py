@@ -6,10 +6,11 @@ import ast
 import re
 from pathlib import Path
 
-from conftest import TINY_SPM
+from llmplan.core.devices import local_cpu
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
+
+from conftest import TINY_SPM
 
 
 def test_python_api_example(tmp_path, capsys):

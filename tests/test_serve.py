@@ -16,16 +16,17 @@ import time
 
 import httpx
 import numpy as np
-import pytest
-from conftest import SERVE_CHUNK, TINY_BPE
-from serve_harness import Served, sse, sse_events
-
 import openai
+import pytest
+
+from llmplan.core.devices import local_cpu
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
-from llmplan.plans.devices import local_cpu
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, SamplingParams
+
+from conftest import SERVE_CHUNK, TINY_BPE
+from serve_harness import Served, sse, sse_events
 
 PROMPTS = ["Once upon a time", "The capital of France is",
            "In a land far away, there lived an old clockmaker who built a clock that ran backwards. Every morning"]
@@ -134,12 +135,13 @@ def test_the_spm_model_serves_plan_runs_ids(serve_plan, cli, tmp_path):
 def test_a_gpu_plan_serves_through_the_same_engine_path(serve_plan, cli, tmp_path):
     """plan serve on a GPU plan, on the emulated GPU (--device emu): nothing in the server knows the
     backend, and the greedy ids are the CPU plan's."""
-    from conftest import SERVE_CHUNK, SERVE_CTX, TINY_BPE, require_compiler
-    from kernel_emu import have_compiler
     from llmplan.codegen.targets import target_for
+    from llmplan.core.devices import OFFLINE_TARGETS
     from llmplan.models.model import open_model
     from llmplan.plans.compile import compile_model
-    from llmplan.plans.devices import OFFLINE_TARGETS
+
+    from conftest import SERVE_CHUNK, SERVE_CTX, TINY_BPE, require_compiler
+    from kernel_emu import have_compiler
 
     if not have_compiler() and not os.environ.get("CI"):
         pytest.skip("the emulated GPU needs clang++-19")
@@ -430,7 +432,7 @@ def test_sigint_cancels_what_outlasts_the_grace(tmp_path):
 
 
 def _plan_serve(*argv) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "llmplan.plans.cli", "serve", *map(str, argv)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "llmplan.commands.cli", "serve", *map(str, argv)], capture_output=True,
                           text=True, timeout=60)
 
 

@@ -10,8 +10,8 @@ from llmplan.codegen import build as b
 from llmplan.codegen import toolchain
 from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.targets import TARGETS
+from llmplan.commands.cli import main
 from llmplan.core.errors import InputError
-from llmplan.plans.cli import main
 
 
 @pytest.fixture

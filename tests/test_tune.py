@@ -1,8 +1,8 @@
 """The CPU backend's measured decisions end to end: every strategy gives the same bits, `plan tune`
 fills the store, `plan compile` takes its entries (and probes only what is missing or unusable),
 `plan inspect` shows the provenance, 16 concurrent tunes leave only whole entries, the store can be off.
-The decisions are the compiled kernels' task rows (plans/cpu_native_tuning.py) where the compiler is;
-the NumPy twins' panels (plans/cpu_tuning.py) are tested alone and, in the plan compiled without a
+The decisions are the compiled kernels' task rows (plans/cpu_schedules.py) where the compiler is;
+the NumPy twins' panels (plans/cpu_decisions.py) are tested alone and, in the plan compiled without a
 compiler, end to end."""
 
 from __future__ import annotations
@@ -17,19 +17,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM
-from llmplan.core import numerics as num
-from llmplan.models.model import open_model
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_families import matmul
-from llmplan.plans import cpu_native, cpu_native_tuning, cpu_tuning, probes
+from llmplan.core import numerics as num
+from llmplan.core import tune_store
+from llmplan.core.devices import local_cpu
+from llmplan.core.planfile import read_body, read_header
+from llmplan.core.tune_store import TuneStore, _invalid
+from llmplan.models.model import open_model
+from llmplan.plans import cpu_decisions, cpu_native, cpu_schedules
 from llmplan.plans.compile import choose_cpu_kernels, compile_model, limits_for, lower_phases
-from llmplan.plans.devices import local_cpu
-from llmplan.plans.planfile import read_body, read_header
-from llmplan.plans.tune_store import TuneStore, _invalid
-from llmplan.runtime import cpu_kernels, isa_probe
+from llmplan.runtime import numpy_kernels
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
+from llmplan.tuning import cpu_isa, probes
+from llmplan.tuning import cpu_schedules as cpu_schedules_probes
+
+from conftest import TINY_BPE, TINY_SPM
 
 FAST = ["--round-ms", "0.5", "--ctx", "64", "--chunk", "16"]  # probes in tests: correct, not meaningful timings
 
@@ -39,22 +43,22 @@ def quick_probes(monkeypatch):
     monkeypatch.setattr(probes, "ROUND_SECONDS", 5e-4)
 
 
-@pytest.mark.parametrize("proj", [cpu_tuning.Projection(512, (333, 40), 5), cpu_tuning.Projection(256, (1024,), 16),
-                                  cpu_tuning.Projection(64, (4096,), 3), cpu_tuning.Projection(2048, (640,), 2)])
+@pytest.mark.parametrize("proj", [cpu_decisions.Projection(512, (333, 40), 5), cpu_decisions.Projection(256, (1024,), 16),
+                                  cpu_decisions.Projection(64, (4096,), 3), cpu_decisions.Projection(2048, (640,), 2)])
 def test_every_candidate_passes_the_bit_for_bit_check(proj):
-    cands = cpu_tuning.candidates(proj)
-    assert cands[0] == cpu_tuning.DEFAULT and len({s.name for s in cands}) == len(cands) > 1
-    v = cpu_tuning.probe(proj, cands, 1e-4)
+    cands = cpu_decisions.candidates(proj)
+    assert cands[0] == cpu_decisions.DEFAULT and len({s.name for s in cands}) == len(cands) > 1
+    v = cpu_schedules_probes.probe_panels(proj, cands, 1e-4)
     assert v.rejected == {} and set(v.medians) == {s.name for s in cands}
-    assert cpu_tuning.candidates(cpu_tuning.Projection(proj.k, proj.ns, 1)) == [cpu_tuning.DEFAULT]  # one sgemv
+    assert cpu_decisions.candidates(cpu_decisions.Projection(proj.k, proj.ns, 1)) == [cpu_decisions.DEFAULT]  # one sgemv
 
 
 def test_the_cpu_kernel_runs_the_launch_strategy(monkeypatch):
     seen = []
     monkeypatch.setattr(num, "matmul", lambda x, w, **how: seen.append(how) or np.zeros((len(x), len(w)), np.float32))
     x, w, out = np.ones((2, 8), np.float32), np.ones((4, 8), np.float32), np.empty((2, 4), np.float32)
-    cpu_kernels.matmul("matmul", {"strategy": {"panel_bytes": 1024}}, [out], x, w)
-    cpu_kernels.matmul("matmul", {}, [out], x, w)  # a plan without a strategy: numerics' default
+    numpy_kernels.matmul("matmul", {"strategy": {"panel_bytes": 1024}}, [out], x, w)
+    numpy_kernels.matmul("matmul", {}, [out], x, w)  # a plan without a strategy: numerics' default
     assert seen == [{"panel_bytes": 1024}, {}]
 
 
@@ -78,14 +82,14 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
         assert isa["decision"].startswith("cpu:isa:") and isa["default"] == paths[0] == cpu_build.best_isa()
         assert set(isa["medians"]) == set(paths) and not isa["rejected"] and isa["chosen"] in paths
     # every projection and the tail decide their schedule, per kernel, shape and phase rows
-    default = cpu_native_tuning.NativeTasks(None, open_model(TINY_SPM).file, {}).default.name
+    default = cpu_schedules.NativeTasks(None, open_model(TINY_SPM).file, {}).default.name
     for r in rows:
         assert r["provenance"].startswith(("measured: entry ", "tie: entry ")) and r["default"] == default
         assert r["chosen"] in r["medians"] and not r["rejected"]
 
     def no_probe(*a):
         raise AssertionError("a compile with a filled store probed")
-    monkeypatch.setattr(cpu_native_tuning.NativeTasks, "probe", no_probe)
+    monkeypatch.setattr(cpu_schedules_probes, "probe_schedules", no_probe)
     code, out, _ = cli("compile", TINY_SPM, "--tune-dir", store, "--ctx", "64", "--chunk", "16", "-o",
                        tmp_path / "t.plan", "--json")
     t = json.loads(out)["tune"]
@@ -115,8 +119,8 @@ def _candidates(model) -> tuple[dict[str, list[str]], str]:
     device = local_cpu()
     phases, _, _, table = lower_phases(model, device, limits_for(model, 64, 16, 2))
     cpu, decisions, build_id = choose_cpu_kernels(model, phases, table, device, TuneStore(None))
-    names = (cpu_native_tuning.NativeTasks(None, model.file, phases).candidates if cpu["cpu"]["kernels"] == "native"
-             else cpu_tuning.candidates)
+    names = (cpu_schedules.NativeTasks(None, model.file, phases).candidates if cpu["cpu"]["kernels"] == "native"
+             else cpu_decisions.candidates)
     return {d.key: [c.name for c in names(d.projection)] for d in decisions if d.projection}, build_id
 
 
@@ -125,16 +129,16 @@ def test_the_heuristic_prefetches_only_for_a_model_larger_than_the_cache(monkeyp
     family's default distance (t16); either is the first candidate, the probes' reference. The others are
     those that run differently: prefetch distances for weights read in place, pass widths for rows16
     records with more than one activation row."""
-    def shape(layout: str, rows: int) -> cpu_native_tuning.Shape:
+    def shape(layout: str, rows: int) -> cpu_schedules.Shape:
         phase = {"launches": [{"kernels": [{"name": "k", "args": [{"weight": "n", "layout": "f32"},
                                                                     {"weight": "w", "layout": layout}]}]}]}
-        return cpu_native_tuning.Shape("k", cpu_tuning.Projection(256, (64,), rows), phase)
+        return cpu_schedules.Shape("k", cpu_decisions.Projection(256, (64,), rows), phase)
 
     file = open_model(TINY_BPE).file
     aheads, widths = {"t16", "t16a0", "t16a1", "t16a4"}, {"t16c2", "t16c4", "t16c6"}
     for cache, want in ((file.size, "t16a0"), (file.size - 1, "t16")):
-        monkeypatch.setattr(cpu_tuning, "last_level_cache", lambda: cache)
-        kind = cpu_native_tuning.NativeTasks(None, file, {})
+        monkeypatch.setattr(cpu_decisions, "last_level_cache", lambda: cache)
+        kind = cpu_schedules.NativeTasks(None, file, {})
         assert kind.default.name == want
         for layout, rows, others in (("blocks", 1, aheads), ("blocks", 8, aheads), ("rows16", 8, widths),
                                      ("rows16", 1, set())):
@@ -148,8 +152,8 @@ def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
     for key, cands in decisions.items():
         s = cands[pick % len(cands)]
         medians = {c: 2e-3 for c in cands} | {s: 1e-3}
-        v = probes.Verdict(medians, {}, cands[0], s, 1.0, False, 1)
-        store.save(probes.record(v, device.tune_key, key, build_id))
+        v = tune_store.Verdict(medians, {}, cands[0], s, 1.0, False, 1, 5)
+        store.save(tune_store.record(v, device.tune_key, key, build_id))
         chosen[key] = s
     return chosen
 
@@ -265,8 +269,8 @@ def test_the_simd_path_probe_checks_agreement_within_the_kernel_bounds(tmp_path)
     bounds: accepted, and timed."""
     plan, best = tmp_path / "t.plan", cpu_build.best_isa()
     compile_model(open_model(TINY_BPE), local_cpu(), plan, ctx=64, chunk=16, isa=best)
-    v = isa_probe.verdict(plan, [best, "scalar"], 1e-3)
-    assert v.rejected == {} and set(v.medians) == {best, "scalar"} and v.rounds == isa_probe.ROUNDS
+    v = cpu_isa.verdict(plan, [best, "scalar"], 1e-3)
+    assert v.rejected == {} and set(v.medians) == {best, "scalar"} and v.rounds == cpu_isa.ROUNDS
 
 
 def test_unusable_entries_are_measured_again_and_replaced(cli, tmp_path, quick_probes, monkeypatch):
@@ -327,7 +331,7 @@ def test_sixteen_concurrent_tunes_leave_only_whole_entries(tmp_path):
     """16 `plan tune` processes on one store while this process reads it: every file a reader sees is a
     whole, valid entry; no temporary file is left; every process succeeds."""
     store_dir = tmp_path / "store"
-    cmd = [sys.executable, "-m", "llmplan.plans.cli", "tune", str(TINY_SPM), "--tune-dir", str(store_dir), *FAST,
+    cmd = [sys.executable, "-m", "llmplan.commands.cli", "tune", str(TINY_SPM), "--tune-dir", str(store_dir), *FAST,
            "--json"]
     # BLAS's threads spin-wait for each other: 16 processes of them on a few cores would take minutes.
     # One thread each keeps this test about the store, and bounded.

@@ -11,15 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from llmplan.plans import probes, tune_store
-from llmplan.plans.probes import decide, measure, record
-from llmplan.plans.tune_store import TuneStore
+from llmplan.core import tune_store
+from llmplan.core.tune_store import TuneStore, Verdict, record
+from llmplan.tuning import probes
+from llmplan.tuning.probes import decide, measure
 
 KEYS = ("cpu:x86_64:c2:avx2", "cpu:matmul:k64:n32:rows1", "b1d")
 
 
 def _entry(winner="b", default="a", keys=KEYS):
-    v = probes.Verdict({"a": 2e-3, "b": 1e-3}, {"c": "wrong"}, default, winner, 1.0, False, 3)
+    v = Verdict({"a": 2e-3, "b": 1e-3}, {"c": "wrong"}, default, winner, 1.0, False, 3, 5)
     return record(v, *keys)
 
 

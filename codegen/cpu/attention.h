@@ -1,6 +1,6 @@
 // attention.h: causal attention over the paged f16 K/V cache on the CPU, split into slices of `chunk`
 // positions (ops attention, attention_partial, attention_reduce, attention_reduce_pack; CPU twins
-// runtime/cpu_kernels.py attention*, core/numerics.py attend / combine).
+// runtime/numpy_kernels.py attention*, core/numerics.py attend / combine).
 //
 // A row's slice j covers positions [max(first, j chunk), min(pos + 1, (j + 1) chunk)), first =
 // max(0, pos - window + 1) with a window, else 0. For the G = heads / kv_heads query heads that share a

@@ -1,4 +1,4 @@
-// elementwise.h: float32 elementwise ops and row gathers on the CPU (CPU twins runtime/cpu_kernels.py
+// elementwise.h: float32 elementwise ops and row gathers on the CPU (CPU twins runtime/numpy_kernels.py
 // elementwise and take_rows).
 //
 // elementwise<OP>: out = x + y (add), x * y (mul), x * factor (scale), silu(x), gelu_tanh(x),

@@ -1,4 +1,4 @@
-// embed.h: the embedding gather on the CPU (CPU twin runtime/cpu_kernels.py embed): out row r = row
+// embed.h: the embedding gather on the CPU (CPU twin runtime/numpy_kernels.py embed): out row r = row
 // tokens[r] of the table, read in place from the mapped file and dequantized value by value with
 // quant.cuh's LpWeight<F>::value (the dequantizer's float32 operations in its order: bit-exact with
 // core/formats.dequantize). A token outside the table yields a NaN row (as the GPU kernel).

@@ -1,5 +1,5 @@
 // glu.h: the gated product of a GLU feed-forward packed for the down projection on the CPU (op
-// glu_pack; CPU twin runtime/cpu_kernels.py glu_pack): out = pack[FMT](act(gate) * up), the activation
+// glu_pack; CPU twin runtime/numpy_kernels.py glu_pack): out = pack[FMT](act(gate) * up), the activation
 // in float64 rounded once (rows.h activation_row, vectorized; as core/numerics.py), the product in
 // float32, packed with the twins' rounding (rows.h pack_row). Rows split over the pool.
 #pragma once

@@ -1,5 +1,5 @@
 // matmul.h: the projections on the CPU (ops matmul, matmul_segmented, matmul_residual; CPU twin
-// runtime/cpu_kernels.py matmul) and the row loop the fused tail shares (tail.h).
+// runtime/numpy_kernels.py matmul) and the row loop the fused tail shares (tail.h).
 //
 // y[c, j] = x[c] . W[j] for activation rows c < rows and weight rows j < n, as integer dot products of
 // the weight's quantized values with the packed 8-bit activations (q8_0 / q8_1 / q8_k, field planes as

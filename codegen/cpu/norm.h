@@ -1,4 +1,4 @@
-// norm.h: RMSNorm (f32 out), RMSNorm + pack, and pack on the CPU (CPU twins runtime/cpu_kernels.py
+// norm.h: RMSNorm (f32 out), RMSNorm + pack, and pack on the CPU (CPU twins runtime/numpy_kernels.py
 // rmsnorm, rmsnorm_pack, pack). Rows split over the pool (rows.h over_rows); the arithmetic is the
 // twins': rows.h rms_scale, then (x * scale) * w in float, packed by rows.h pack_row.
 #pragma once

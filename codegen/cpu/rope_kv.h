@@ -1,5 +1,5 @@
 // rope_kv.h: rotary position embedding of queries and keys and the K/V cache write on the CPU (ops
-// rope_kv and norm_rope_kv; CPU twin runtime/cpu_kernels.py rope_kv), the GPU kernel's arithmetic
+// rope_kv and norm_rope_kv; CPU twin runtime/numpy_kernels.py rope_kv), the GPU kernel's arithmetic
 // (codegen/kernels/rope_kv.cu): (cos, sin) from the runtime's float32 table [positions, dims / 2, 2]
 // (codegen/families/rope_kv.py rope_table), the rotation in float32 with one rounding per operation
 // (y0 = x0 c - x1 s, y1 = x0 s + x1 c; the library is built without FMA contraction), mode 0 ("norm")

@@ -1,5 +1,5 @@
 // tail.h: the fused tail on the CPU, the greedy next token of each row (op tail_argmax; CPU twin
-// runtime/cpu_kernels.py tail_argmax): argmax over the vocabulary of pack(rmsnorm(x, norm)) . head^T.
+// runtime/numpy_kernels.py tail_argmax): argmax over the vocabulary of pack(rmsnorm(x, norm)) . head^T.
 // The rows are normalised and packed as norm.h does (into a buffer of the kernel's own), then the head
 // runs through matmul.h's row loop, every task keeping the best (logit, index) per row of its head rows
 // (common.cuh lp_better: np.argmax's order, a total order), and the tasks' bests meet in task order:

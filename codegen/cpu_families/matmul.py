@@ -1,6 +1,6 @@
 """Projections on the CPU (codegen/cpu/matmul.h): ops matmul, matmul_segmented, matmul_residual, for
 every weight format, at any row count (decode's one row to a prefill chunk). CPU twin:
-runtime/cpu_kernels.py matmul.
+runtime/numpy_kernels.py matmul.
 
 One call per launch. The kernel splits the out rows of its weights (up to 3 segments, each in its own
 format, all taking the same packed x) into tasks of `task_rows` consecutive rows that the pool's

@@ -1,6 +1,6 @@
 """Prefill attention (codegen/kernels/flash_attention.cu): op `attention` over the f16 K/V cache.
 
-What it computes: core/numerics.py attention, the CPU twin's (runtime/cpu_kernels.py attention):
+What it computes: core/numerics.py attention, the CPU twin's (runtime/numpy_kernels.py attention):
 causal attention of every query row over its own sequence's cache positions [first, pos] (sliding
 window when window > 0), read through the sequence's row of the page table (position p in block
 pages[seq, p // PAGE], offset p % PAGE), query head h reading K/V head h // (heads / kv_heads); Q

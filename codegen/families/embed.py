@@ -3,7 +3,7 @@ tokens, dequantized to f32 bit-exactly as core/formats.dequantize.
 
 One block of THREADS threads per token row; grid (rows,). A step gathers a few KB per token, so the
 kernel favours being checkable (each value dequantized as formats.py does it) over speed. CPU twin:
-runtime/cpu_kernels.py embed. Launch arguments, in order: the table
+runtime/numpy_kernels.py embed. Launch arguments, in order: the table
 ({"weight": name, "layout": "planar"}), the tokens ({"state": "tokens"}), the output [rows, k] f32,
 then the table's row count (tokens outside it give NaN rows) and k.
 """

@@ -3,7 +3,7 @@ activation has many rows (a prefill chunk), as tiled GEMMs on integer matrix cor
 
 What it computes: out[rows, n] = x . dequantize(W)^T (+ r for matmul_residual; one output per weight
 for matmul_segmented, up to three weights, each in its own format), the CPU twin's
-(runtime/cpu_kernels.py matmul) sums up to float accumulation order: integer sub-block dot products
+(runtime/numpy_kernels.py matmul) sums up to float accumulation order: integer sub-block dot products
 (exact) scaled by the weight's and activation's block scales, weight mins through the activation's
 block sums. F16 weights (f16 activations) use f16 matrix cores with f32 accumulators.
 

@@ -6,7 +6,7 @@ serves activation columns [C*y, C*y + C) with one pass over each weight row. A s
 the out rows of all its weights (up to 3, each in its own format, all taking the same packed x).
 Decode is memory-bound: each weight byte is read once per step with 16-byte loads by consecutive lanes,
 and the arithmetic is integer dot products on the quants (codegen/kernels/quant.cuh). CPU twin:
-runtime/cpu_kernels.py matmul.
+runtime/numpy_kernels.py matmul.
 
 Members: "c1".."c8", the activation columns one pass serves (C). The planner picks the member; a launch
 without one gets C = its row count when that is a number (capped at 8), else MAX_COLUMNS: one pass

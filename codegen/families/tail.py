@@ -3,7 +3,7 @@ argmax(pack[format](rmsnorm[eps](x, norm)) . head^T), one int32 per row.
 
 The head is the largest weight a decode step reads: launch 2 reads it once, as the mat-vec reads a
 weight, and keeps only one (logit, index) pair per block and row, so no logits reach memory. CPU
-twin: runtime/cpu_kernels.py tail_argmax. Three launches:
+twin: runtime/numpy_kernels.py tail_argmax. Three launches:
   1. lp_tail_pack_<format>: grid (rows,), THREADS threads; args x, norm, the packed scratch, rows, k, eps.
   2. lp_tail_logits_<head format>_c<C>: grid (ceil(vocab / SLICE), ceil(rows / C)), WAVES waves (as the
      mat-vec); args the packed scratch, the head ({"weight": name, "layout": "planar"}), the pairs

@@ -1,4 +1,4 @@
-// elementwise.cu: float32 elementwise ops and row gathers (CPU twins runtime/cpu_kernels.py
+// elementwise.cu: float32 elementwise ops and row gathers (CPU twins runtime/numpy_kernels.py
 // elementwise and take_rows).
 //
 // lp_elementwise<OP, VEC>: out = x + y (add), x * y (mul), x * factor (scale), silu(x), gelu_tanh(x),

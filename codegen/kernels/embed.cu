@@ -1,4 +1,4 @@
-// embed.cu: the embedding gather. CPU twin: runtime/cpu_kernels.py embed (out = rows tokens[r] of the
+// embed.cu: the embedding gather. CPU twin: runtime/numpy_kernels.py embed (out = rows tokens[r] of the
 // table, dequantized by core/formats.dequantize).
 //
 // Launch geometry: one block per token row; thread t writes values t, t + block, ... of the row.

@@ -1,6 +1,6 @@
 // gemm.cu: prefill projections out[rows, n] = x[rows, k] . dequantize(W[n, k])^T (+ r), compute-bound.
 //
-// What it computes: the CPU twin (runtime/cpu_kernels.py matmul) multiplies the packed activation's
+// What it computes: the CPU twin (runtime/numpy_kernels.py matmul) multiplies the packed activation's
 // values (qs * d) by the exactly dequantized weight in float32. Here every product is formed exactly
 // in integers: per quantization sub-block (32 values, or 16 for Q2_K/Q3_K/Q6_K) the int8 weight
 // values meet the int8 activation values in an integer matrix-core tile (or lp_dot4), and the exact

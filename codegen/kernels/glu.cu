@@ -1,5 +1,5 @@
 // glu.cu: the gated product of a GLU feed-forward packed for the down projection (op glu_pack; CPU
-// twin runtime/cpu_kernels.py glu_pack): out = pack[FMT](act(gate) * up), act silu or gelu_tanh.
+// twin runtime/numpy_kernels.py glu_pack): out = pack[FMT](act(gate) * up), act silu or gelu_tanh.
 //
 // Grid (ceil(k / TILE), rows), THREADS threads: each block computes TILE consecutive values of one row
 // and stores them in the output format with fused.cuh's lp_store_tile (8-bit blocks through common.cuh's

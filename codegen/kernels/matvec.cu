@@ -1,5 +1,5 @@
 // matvec.cu: decode-time projections: y = x . W^T for activations of at most a few rows (decode: one
-// row; batched decode: up to 8). CPU twin: runtime/cpu_kernels.py matmul (ops matmul,
+// row; batched decode: up to 8). CPU twin: runtime/numpy_kernels.py matmul (ops matmul,
 // matmul_segmented, matmul_residual): x_values @ dequantize(W)^T in float32, plus r for the residual.
 //
 // Launch geometry: grid (ceil(out rows / waves per block), ceil(rows / C)); one wave per output row

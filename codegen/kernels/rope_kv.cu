@@ -1,5 +1,5 @@
 // rope_kv.cu: rotary position embedding of queries and keys and the K/V cache write, in one launch
-// (ops rope_kv and norm_rope_kv; CPU twin runtime/cpu_kernels.py rope_kv).
+// (ops rope_kv and norm_rope_kv; CPU twin runtime/numpy_kernels.py rope_kv).
 //
 // Grid (heads + kv_heads, rows), THREADS threads: block x < heads rotates query head x of row r into
 // q_out; block heads + h rotates key head h and writes it, and value head h, as f16 into the paged

@@ -1,5 +1,5 @@
 // tail.cu: the fused tail, greedy next token of each row: argmax over the vocabulary of
-// pack(rmsnorm(x, norm)) . head^T. CPU twin: runtime/cpu_kernels.py tail_argmax.
+// pack(rmsnorm(x, norm)) . head^T. CPU twin: runtime/numpy_kernels.py tail_argmax.
 //
 // Three kernels:
 //  1. lp_tail_pack: grid (rows); one block per row writes pack(rmsnorm(x, norm)) to a scratch buffer

@@ -1,7 +1,7 @@
 """The cpu driver: a CPU plan's kernel calls, either the CPU target's compiled kernels (the plan's `cpu`
 section carries their translation unit and SIMD path; codegen/cpu_build.py builds it once per source,
 flags and compiler, cached, and loads it) or, in a plan compiled where no C++ compiler was, the
-families' NumPy twins (runtime/cpu_kernels.py), called with views of host memory in the dtypes and
+families' NumPy twins (runtime/numpy_kernels.py), called with views of host memory in the dtypes and
 shapes the plan gives each argument."""
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from llmplan.core import layouts
 from llmplan.core.errors import InputError
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, planes
 
-from ..cpu_kernels import KERNELS, MappedRows, Packed
 from ..driver import Call, Graph, Region, Scalar
+from ..numpy_kernels import KERNELS, MappedRows, Packed
 from .host import HostDriver, HostGraph, raw, typed
 
 PREFIX = "numpy."

@@ -1,5 +1,5 @@
 """The tune store: a directory of measured decisions, one JSON file per (device tune key, decision key,
-build id), each holding the candidates' medians and the verdict (plans/probes.py).
+build id), each holding the candidates' medians and the verdict (tuning/probes.py measures it).
 
 An entry is believed only for the device it was measured on (DeviceFacts.tune_key: backend plus the
 geometry that changes the answer) and the kernel build it measured (the build id: a hash of the
@@ -21,11 +21,13 @@ import math
 import os
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ENTRY_FORMAT = 1
+TIE = 0.03  # a lead under this is noise: the default stands
 MAX_ENTRY_BYTES = 1 << 20  # far above any real entry: a bigger file is not one of ours
 OFF = "off"
 
@@ -58,23 +60,16 @@ class Lookup:
 
 
 class TuneStore:
-    def __init__(self, root: str | os.PathLike | None, probe: bool = True):
+    def __init__(self, root: str | os.PathLike | None):
         self.root = Path(root) if root is not None else None
-        self._probe = probe
 
     @classmethod
-    def from_flag(cls, flag: str | None, probe: bool = True) -> TuneStore:
-        return cls(resolve(flag), probe)
+    def from_flag(cls, flag: str | None) -> TuneStore:
+        return cls(resolve(flag))
 
     @property
     def enabled(self) -> bool:
         return self.root is not None
-
-    @property
-    def probes(self) -> bool:
-        """Whether a compile probes the decisions the store lacks and records them (not where a first
-        `plan run MODEL.gguf` compiles: minutes of probing before a first token; `plan tune` does it)."""
-        return self.enabled and self._probe
 
     def describe(self) -> str:
         return str(self.root) if self.root is not None else "off"
@@ -150,3 +145,35 @@ def _invalid(raw: bytes, device_key: str, decision_key: str, build_id: str) -> s
             and isinstance(e.get("rejected", {}), dict)):
         return "corrupt (verdict)"
     return ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a probe measured for one decision (tuning/probes.py), as an entry keeps it."""
+
+    medians: dict[str, float]  # seconds per call
+    rejected: dict[str, str]  # candidate -> why its output was refused
+    default: str
+    winner: str
+    lead: float  # winner vs the default (or the default vs the next best, when it wins)
+    tie: bool
+    calls: int  # per candidate per round
+    rounds: int
+
+
+def record(v: Verdict, device_key: str, decision_key: str, build_id: str) -> dict[str, Any]:
+    """The store entry of a verdict."""
+    return {"format": ENTRY_FORMAT, "device_key": device_key, "decision_key": decision_key, "build_id": build_id,
+            "medians": v.medians, "rejected": v.rejected, "default": v.default, "winner": v.winner, "lead": v.lead,
+            "tie": v.tie, "rounds": v.rounds, "calls": v.calls,
+            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def provenance(entry_id: str, entry: dict[str, Any]) -> str:
+    """How a plan records a decision taken from a store entry."""
+    lead = f"{entry['lead']:.0%}"
+    if entry["tie"]:
+        return f"tie: entry {entry_id}, the fastest within {TIE:.0%} of the default {entry['default']}, which stands"
+    if entry["winner"] == entry["default"]:
+        return f"measured: entry {entry_id}, the default is fastest, lead {lead}"
+    return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"

@@ -87,7 +87,7 @@ def norm(op, a, out, x, w=None):
 
 def _strategy(a) -> dict[str, int]:
     """How a projection runs its products (panel_bytes), as the planner chose it from the tune store
-    (plans/cpu_tuning.py); every choice gives the same bits. None recorded: numerics' default."""
+    (plans/cpu_decisions.py); every choice gives the same bits. None recorded: numerics' default."""
     return a.get("strategy", {})
 
 

@@ -11,19 +11,24 @@ import time
 
 from tqdm import tqdm
 
+from llmplan.core.console import Progress, format_table, print_json
+from llmplan.core.devices import resolve_device
 from llmplan.core.errors import InputError
+from llmplan.core.tune_store import TuneStore
 from llmplan.models.model import open_model
-from llmplan.runtime import isa_probe
+from llmplan.plans.compile import (
+    DEFAULT_CHUNK,
+    choose_cpu_kernels,
+    compile_model,
+    drop_cached_plans,
+    limits_for,
+    lower_phases,
+)
 from llmplan.runtime.driver import driver_for
-from llmplan.runtime.probe_runner import ProbeRunner
+from llmplan.tuning import cpu_isa, cpu_schedules, gpu_members
+from llmplan.tuning.probes import ROUND_SECONDS
 
-from . import gpu_tuning
-from .cmd_compile import add_tune_dir
-from .compile import DEFAULT_CHUNK, choose_cpu_kernels, compile_model, drop_cached_plans, limits_for, lower_phases
-from .console import Progress, format_table, print_json
-from .devices import resolve_device
-from .probes import ROUND_SECONDS
-from .tune_store import TuneStore
+from .compile import add_tune_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -56,9 +61,8 @@ def run(args: argparse.Namespace) -> int:
         phases, _, _, table = lower_phases(model, device, limits_for(model, args.ctx, args.chunk, args.max_seqs))
     with progress.phase("probe every decision"):
         if device.backend == "cpu":
-            _, decisions, build = choose_cpu_kernels(model, phases, table, device, store, measure_all=True,
-                                                     round_seconds=args.round_ms / 1000,
-                                                     probe_isa=_isa_probe(model, device, args))
+            probes = cpu_schedules.probes(args.round_ms / 1000, _isa_probe(model, device, args), every=True)
+            _, decisions, build = choose_cpu_kernels(model, phases, table, device, store, probes=probes)
             rows = [{"decision": d.key, "launches": d.phases, "chosen": d.strategy.name, "provenance": d.provenance,
                      "entry": d.entry, "replaced": d.replaced, **_verdict(d.entry_data)} for d in decisions]
         else:
@@ -83,23 +87,23 @@ def run(args: argparse.Namespace) -> int:
 
 def _isa_probe(model, device, args: argparse.Namespace):
     """The SIMD-path probe: the plan as compiled without a store (the heuristic's task rows) for the
-    default path, in a temporary file, a decode step of it timed on each path (runtime/isa_probe.py)."""
+    default path, in a temporary file, a decode step of it timed on each path (tuning/cpu_isa.py)."""
     def probe(candidates: list[str], round_seconds: float):
         with tempfile.TemporaryDirectory() as tmp:
             plan = os.path.join(tmp, "isa.plan")
             compile_model(model, device, plan, args.ctx, args.chunk, args.max_seqs, isa=candidates[0])
-            return isa_probe.verdict(plan, candidates, round_seconds)
+            return cpu_isa.verdict(plan, candidates, round_seconds)
     return probe
 
 
 def _tune_gpu(model, phases, table, device, store: TuneStore, round_seconds: float) -> list[dict]:
-    """Probe every GPU decision on the local device (runtime/probe_runner.py) into the store."""
-    found, built = gpu_tuning.decisions(phases, table, device)
-    runner = ProbeRunner(driver_for(device.backend), device.to_dict(), model.file, table, built, found)
+    """Probe every GPU decision on the local device (tuning/gpu_members.py) into the store."""
+    found, built = gpu_members.decisions(phases, table, device)
+    runner = gpu_members.ProbeRunner(driver_for(device.backend), device.to_dict(), model.file, table, built, found)
     rows = []
     for d in tqdm(found, desc="probing", unit="decision", disable=None, file=sys.stderr):
         v = runner.verdict(d, round_seconds)
-        gpu_tuning.keep(d, v, device, store)
+        gpu_members.keep(d, v, device, store)
         rows.append({"decision": d.key, "launches": d.phases, "chosen": v.winner, "provenance": d.provenance,
                      "entry": d.entry, "replaced": "", "pruned": d.pruned, "default": v.default, "lead": v.lead,
                      "tie": v.tie, "medians": v.medians, "rejected": v.rejected})

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from llmplan.core.console import format_table, human_bytes, print_json
 from llmplan.models.info import describe
-
-from .console import format_table, human_bytes, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from llmplan.core.console import add_threads, print_json
 from llmplan.core.errors import InputError
+from llmplan.core.planfile import read_header
 from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import Window, kv_blocks_needed, score, windows
 
 from . import eval_base, eval_stats, llama_cpp
-from .console import add_threads, print_json
-from .planfile import read_header
 
 DEFAULT_CTX = 512  # llama-perplexity's
 
@@ -75,7 +75,7 @@ def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
         if args.device not in (None, "cpu"):
             raise InputError(f"--device {args.device} runs plan files: compile one first "
                              f"(plan compile {plan} --device TARGET)")
-        from .compile import DEFAULT_CHUNK, plan_for
+        from llmplan.plans.compile import DEFAULT_CHUNK, plan_for
 
         # a step's scored rows leave it through `last`, bounded by max_seqs: as many as its rows, so
         # they share one pass over the output head (Gemma 3, 64 rows: 2-3x faster than 64 one-row

@@ -2,7 +2,7 @@
 
 tune() is the decision loop for both CPU kernel sets: the store's entries, probes for what is missing,
 the provenance in each launch. What it decides is a `kind`: Panels here (the NumPy twins, the plans
-compiled where no C++ compiler is), the compiled kernels' task rows in plans/cpu_native_tuning.py.
+compiled where no C++ compiler is), the compiled kernels' task rows in plans/cpu_schedules.py.
 
 Every projection (matmul, matmul_segmented, matmul_residual, and the fused tail's output head) computes
 each activation row as its own BLAS sgemv over panels of weight rows (core/numerics.matmul), so its
@@ -21,7 +21,7 @@ projections, slower at 8 rows, 7% faster for a prefill chunk's but only with BLA
 the whole step: mixed with BLAS's threads in one step, their spin-waiting slows the pool).
 
 The chosen panel travels in the launch: its member (the strategy's name) and attrs["strategy"], the
-arguments runtime/cpu_kernels.py passes to numerics.matmul.
+arguments runtime/numpy_kernels.py passes to numerics.matmul.
 """
 
 from __future__ import annotations
@@ -29,20 +29,16 @@ from __future__ import annotations
 import glob
 import hashlib
 import inspect
-import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from tqdm import tqdm
 
 from llmplan.core import numerics as num
-
-from . import probes
-from .devices import DeviceFacts
-from .probes import Verdict, measure, provenance, record
-from .tune_store import TuneStore
+from llmplan.core.devices import DeviceFacts
+from llmplan.core.tune_store import TuneStore, Verdict, provenance, record
 
 PANELS = (256 << 10, 1 << 20, 4 << 20, 0)  # 0: one panel over all of w
 
@@ -126,26 +122,6 @@ def last_level_cache() -> int:
     return max(sizes, default=32 << 20)
 
 
-def probe(p: Projection, cands: list[Strategy], round_seconds: float) -> Verdict:
-    """Time the candidates on the projection's real shapes, with random operands in enough copies to
-    stream from memory as in a real step (twice the last-level cache), checked against each row alone."""
-    rng = np.random.default_rng(p.k * 1_000_003 + sum(p.ns) * 31 + p.rows)
-    ws0 = [rng.random((n, p.k), np.float32) - np.float32(0.5) for n in p.ns]
-    copies = max(1, min(64, math.ceil(2 * last_level_cache() / (4 * p.k * (sum(p.ns) + p.rows)))))
-    ws = [ws0] + [[w.copy() for w in ws0] for _ in range(copies - 1)]
-    xs = [rng.random((p.rows, p.k), np.float32) - np.float32(0.5) for _ in range(copies)]
-    reference = [np.concatenate([xs[0][r:r + 1] @ w.T for r in range(p.rows)]) for w in ws0]
-
-    def runner(s: Strategy):
-        return lambda i: [num.matmul(xs[i % copies], w, s.panel_bytes) for w in ws[i % copies]]
-
-    def check(outs) -> str:
-        same = all(np.array_equal(o, r) for o, r in zip(outs, reference))
-        return "" if same else "its products differ from each row's own sgemv"
-
-    return measure({s.name: runner(s) for s in cands}, check, DEFAULT.name, round_seconds)
-
-
 @dataclass
 class Decision:
     key: str
@@ -179,23 +155,29 @@ class Panels:
         return build_id()
 
     @staticmethod
-    def probe(d: Decision, cands: list[Strategy], round_seconds: float) -> Verdict:
-        return probe(d.projection, cands, round_seconds)
-
-    @staticmethod
     def apply(launch: dict[str, Any], s: Strategy) -> None:
         launch["member"], launch["attrs"]["strategy"] = s.name, s.attrs()
 
 
+@dataclass(frozen=True)
+class Probes:
+    """What measures a CPU plan's missing decisions (tuning/cpu_schedules.py makes one; the compiler only
+    calls it): `projection(kind, decision, candidates)` times a projection's candidates, `isa(candidates)`
+    a decode step on each SIMD path; with `every`, decisions that have an entry are measured again
+    (`plan tune`)."""
+
+    projection: Callable[[Any, "Decision", list], Verdict]
+    isa: Callable[[list[str]], Verdict] | None = None
+    every: bool = False
+
+
 def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], device: DeviceFacts,
-         store: TuneStore, measure_all: bool = False, round_seconds: float | None = None,
-         kind: Any = Panels) -> list[Decision]:
+         store: TuneStore, kind: Any = Panels, probes: Probes | None = None) -> list[Decision]:
     """Decide every projection of a CPU plan and write it into the launches; returns the decisions
     (projections with more than one candidate). `kind` is what is decided: the NumPy twins' panels
-    (Panels), or the compiled kernels' task rows (plans/cpu_native_tuning.py). An entry in the store
-    decides; a decision without a usable entry is probed and recorded (with `measure_all`, every one
-    is: `plan tune`); with the store off and not `measure_all`, the heuristic decides. Each probe times
-    every candidate for `round_seconds` a round (probes.ROUND_SECONDS by default)."""
+    (Panels), or the compiled kernels' task rows (plans/cpu_schedules.py). An entry in the store
+    decides; a decision without a usable entry is measured by `probes` and recorded (all of them with
+    `probes.every`); without probes, the heuristic decides."""
     decisions: dict[str, Decision] = {}
     for phase, p in phases.items():
         for launch in p["launches"]:
@@ -214,16 +196,16 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
     for d in decisions.values():
         cands = kind.candidates(d.projection)
         look = store.load(device.tune_key, d.key, bid)
-        if look.entry is not None and not measure_all and look.entry["winner"] in {s.name for s in cands}:
+        every = probes is not None and probes.every
+        if look.entry is not None and not every and look.entry["winner"] in {s.name for s in cands}:
             _take(d, look.id, look.entry, cands)
-        elif store.probes or measure_all:
+        elif probes is not None:
             d.replaced = look.why if look.why not in ("missing", "off") else ""
             todo.append((d, cands))
         else:
             d.provenance = f"heuristic: no entry ({'not probed' if store.enabled else 'tune store off'})"
     for d, cands in tqdm(todo, desc="probing", unit="decision", disable=None, file=sys.stderr):
-        v = kind.probe(d, cands, round_seconds or probes.ROUND_SECONDS)
-        entry = record(v, device.tune_key, d.key, bid)
+        entry = record(probes.projection(kind, d, cands), device.tune_key, d.key, bid)
         _take(d, store.save(entry), entry, cands)
         d.probed = True
     for d in decisions.values():

@@ -9,12 +9,11 @@ import difflib
 import os
 import sys
 
+from llmplan.core.console import format_table, print_json
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.models.model import open_model
 from llmplan.passes.manager import check_pass_name, run_passes
-
-from .console import format_table, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from llmplan.core.console import format_table, print_json
 from llmplan.models.tokenizer import load_tokenizer
-
-from .console import format_table, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,10 +11,9 @@ import argparse
 import json
 import sys
 
+from llmplan.core.console import print_json
 from llmplan.models.errors import ChatTemplateError
 from llmplan.models.tokenizer import load_tokenizer
-
-from .console import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

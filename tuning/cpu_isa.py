@@ -10,7 +10,7 @@ random values.
 The paths sum floats in different orders (lane widths), so their bits may differ and the candidates
 are not checked bit for bit against the default, as the task rows are: each candidate's step is run
 launch by launch against the default's from the same inputs, and everything a launch writes must agree
-with the default's within DESIGN.md's kernel-test bounds (core/numerics.py: ORDER_NMSE for the
+with the default's within docs/numerics.md's kernel-test bounds (core/numerics.py: ORDER_NMSE for the
 accumulation-order-sensitive families, EXACT_NMSE for the rest); the fused tail's token must be equal.
 """
 
@@ -23,11 +23,12 @@ import numpy as np
 
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.core.numerics import EXACT_NMSE, ORDER_NMSE, pages_for
-from llmplan.plans.probes import Verdict, disagreement, measure
+from llmplan.core.tune_store import Verdict
+from llmplan.runtime.drivers.cpu import view
+from llmplan.runtime.engine import Engine
+from llmplan.runtime.numpy_kernels import values
 
-from .cpu_kernels import values
-from .drivers.cpu import view
-from .engine import Engine
+from .probes import disagreement, measure
 
 ORDER_SENSITIVE = {"matmul", "attention_decode", "tail"}  # float sums over K or positions, in lanes
 # One decision for the whole plan, and a step of a few threads is slowed by any other work on the machine

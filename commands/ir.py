@@ -11,16 +11,15 @@ import time
 
 import numpy as np
 
+from llmplan.core.console import print_json
+from llmplan.core.errors import InputError
 from llmplan.ir.printer import print_graph
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.ir.verify import verify
-from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 from llmplan.models.tokenizer import load_tokenizer
 from llmplan.passes.manager import check_pass_name, run_passes
-
-from .console import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

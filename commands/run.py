@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.core.console import Progress, add_threads, print_json
+from llmplan.core.devices import OFFLINE_TARGETS, local_cpu, resolve_device
 from llmplan.core.errors import InputError
 from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
@@ -23,8 +25,6 @@ from llmplan.runtime.requests import Request, Result, SamplingParams
 from llmplan.runtime.trace import Trace, span
 
 from . import llama_cpp
-from .console import Progress, add_threads, print_json
-from .devices import OFFLINE_TARGETS, local_cpu, resolve_device
 
 EMU_DEFAULT_TARGET = "sm_90"
 
@@ -171,7 +171,9 @@ def _plan(args: argparse.Namespace) -> str:
         raise InputError("--target takes a GGUF run on the emulated GPU (--device emu)")
     if not is_gguf(args.plan):
         return args.plan
-    from .compile import plan_for  # here: the compiler's imports (networkx, the IR) add 15 MiB to a plan's run
+    from llmplan.plans.compile import (
+        plan_for,  # here: the compiler's imports (networkx, the IR) add 15 MiB to a plan's run
+    )
 
     if args.device in ("cuda", "hip"):  # for the local GPU, from its own facts
         return plan_for(args.plan, args.ctx, args.max_seqs or 1, resolve_device(args.device), Progress("plan run"))

@@ -1,4 +1,4 @@
-"""The `plan` command line: one module per verb (plans/cmd_<verb>.py), errors as one line on stderr."""
+"""The `plan` command line: one module per verb (commands/<verb>.py), errors as one line on stderr."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 
 from llmplan.core.errors import InputError
 
-# Each name is a module plans/cmd_<name>.py exposing register(subparsers); the order is --help's.
+# Each name is a module commands/<name>.py exposing register(subparsers); the order is --help's.
 COMMANDS = ["info", "make_model", "compile", "tune", "run", "eval", "serve", "inspect", "tokenize", "detokenize",
             "chat_template", "ir", "passes"]
 
@@ -20,13 +20,13 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """Every command's parser, or only the one named `only`: each cmd module imports what its command
+    """Every command's parser, or only the one named `only`: each command's module imports what it
     needs, so registering one keeps `plan info` from importing the engine and the compiler."""
     parser = _Parser(prog="plan", description="llmplan: ahead-of-time compiler for LLM inference")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
     for name in [only] if only else COMMANDS:
-        importlib.import_module(f"llmplan.plans.cmd_{name}").register(sub)
+        importlib.import_module(f"llmplan.commands.{name}").register(sub)
     return parser
 
 

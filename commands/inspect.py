@@ -11,12 +11,11 @@ import sys
 from collections import Counter
 from typing import Any
 
+from llmplan.core.console import format_table, human_bytes, plural, print_json
 from llmplan.core.errors import InputError
 from llmplan.core.layouts import LAYOUTS, layout_bytes
 from llmplan.core.numerics import PAGE, pages_for
-
-from .console import format_table, human_bytes, plural, print_json
-from .planfile import read_body, read_header
+from llmplan.core.planfile import read_body, read_header
 
 
 def runs_on(device: dict[str, Any], body: dict[str, Any]) -> str:
@@ -154,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     body = read_body(args.plan, offset, header)
     gpu, cpu = body.get("gpu"), body.get("cpu")
     if (args.kernels or args.source) and gpu is None and cpu["kernels"] != "native":
-        raise InputError(f"{args.plan} is a CPU plan on the NumPy twins (runtime/cpu_kernels.py): {cpu['why']}")
+        raise InputError(f"{args.plan} is a CPU plan on the NumPy twins (runtime/numpy_kernels.py): {cpu['why']}")
     if args.source:
         sys.stdout.write(_kernel_source((gpu or cpu)["source"], args.source))
         return 0

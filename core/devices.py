@@ -13,7 +13,8 @@ import platform
 from dataclasses import asdict, dataclass
 
 from llmplan.core import gpu_runtime
-from llmplan.core.errors import InputError
+
+from .errors import InputError
 
 
 @dataclass(frozen=True)

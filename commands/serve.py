@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 import os
 
+from llmplan.core.console import add_threads
 from llmplan.core.errors import InputError
 from llmplan.models.gguf import is_gguf
-
-from .console import add_threads
 
 
 def register(sub: argparse._SubParsersAction) -> None:

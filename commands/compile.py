@@ -7,13 +7,13 @@ import os
 import time
 
 from llmplan.codegen.cpu_build import ISAS
+from llmplan.core.console import Progress, human_bytes, print_json
+from llmplan.core.devices import resolve_device
 from llmplan.core.errors import InputError
+from llmplan.core.tune_store import TuneStore
 from llmplan.models.model import open_model
-
-from .compile import DEFAULT_CHUNK, compile_model
-from .console import Progress, human_bytes, print_json
-from .devices import resolve_device
-from .tune_store import TuneStore
+from llmplan.plans.compile import DEFAULT_CHUNK, compile_model
+from llmplan.tuning import cpu_schedules
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,8 +43,11 @@ def run(args: argparse.Namespace) -> int:
     if args.isa and device.backend != "cpu":
         raise InputError(f"--isa picks the CPU kernels' SIMD path; {args.device} is a GPU target")
     t0 = time.perf_counter()
-    summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
-                            tune=TuneStore.from_flag(args.tune_dir), isa=args.isa, progress=Progress("plan compile"))
+    store = TuneStore.from_flag(args.tune_dir)
+    # a CPU plan's missing decisions are measured here and recorded (GPU ones only on the GPU: plan tune)
+    summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs, tune=store,
+                            isa=args.isa, progress=Progress("plan compile"),
+                            probes=cpu_schedules.probes() if store.enabled else None)
     summary["seconds"] = round(time.perf_counter() - t0, 3)
     if args.json:
         print_json(summary)

@@ -12,13 +12,11 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from typing import Any
+from typing import Any, Protocol
 
 import msgpack
 
-from llmplan.core.errors import InputError
-from llmplan.models.gguf import GGUFFile
-
+from .errors import InputError
 from .plan_schema import SchemaError, check_body
 
 MAGIC = b"LLMPLAN\0"
@@ -32,7 +30,16 @@ class PlanError(InputError):
     """A plan file that cannot be used here; the message says what to do instead."""
 
 
-def model_fingerprint(f: GGUFFile) -> dict[str, Any]:
+class ModelFile(Protocol):
+    """What a plan knows of the GGUF it was compiled from (models/gguf.py GGUFFile is one)."""
+
+    path: str
+    size: int
+    kv_end: int  # the metadata's end
+    header_bytes: int  # the tensor table's end
+
+
+def model_fingerprint(f: ModelFile) -> dict[str, Any]:
     """File size and hashes of the metadata and of the tensor table (not the weights: too slow to hash)."""
     digests = []
     with open(f.path, "rb") as fh:
@@ -107,7 +114,7 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
     return header, 16 + hlen + _DIGEST
 
 
-def check_header(path: str, header: dict[str, Any], device_key: str | None, model: GGUFFile | None) -> None:
+def check_header(path: str, header: dict[str, Any], device_key: str | None, model: ModelFile | None) -> None:
     """Refuse a plan for another device (unless `device_key` is None: the emulated GPU runs any GPU plan)
     or from another model file."""
     want = header.get("device", {}).get("key")
@@ -143,7 +150,7 @@ def read_body(path: str | os.PathLike, offset: int, header: dict[str, Any] | Non
     return body
 
 
-def read_plan(path: str | os.PathLike, device_key: str | None, model: GGUFFile | None = None) -> tuple[dict, dict]:
+def read_plan(path: str | os.PathLike, device_key: str | None, model: ModelFile | None = None) -> tuple[dict, dict]:
     """Header and body of a plan usable on `device_key` (and compiled from `model`, when given)."""
     header, offset = read_header(path)
     check_header(os.fspath(path), header, device_key, model)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from llmplan.core.console import print_json
 from llmplan.models.tokenizer import load_tokenizer
-
-from .console import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.core.errors import InputError
-from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, SCALAR_BYTES, value_bytes
-from llmplan.core.layouts import LAYOUTS, layout_bytes
-from llmplan.core.op_traits import FAMILIES, TRAITS
+from .errors import InputError
+from .formats import ACTIVATION_FORMATS, FORMATS, SCALAR_BYTES, value_bytes
+from .layouts import LAYOUTS, layout_bytes
+from .op_traits import FAMILIES, TRAITS
 
 PHASES = ("prefill", "decode", "decode-batch")
 NUMPY_PREFIX = "numpy."  # kernel calls of the NumPy CPU backend: numpy.<family>

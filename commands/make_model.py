@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from llmplan.models.builder import plan_build
+from llmplan.core.console import format_table, human_bytes, print_json
 from llmplan.core.errors import InputError
+from llmplan.models.builder import plan_build
 from llmplan.models.presets import PRESETS
 from llmplan.models.recipes import RECIPES
-
-from .console import format_table, human_bytes, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

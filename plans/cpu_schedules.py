@@ -16,31 +16,22 @@ heuristic without an entry is t16, 2 tiles ahead (the family's default) for a mo
 machine's last-level cache, none for one that fits in it (tiny-llama3's 17 MB in a 32 MB cache:
 its one-row projections measured 12-24% faster without).
 
-A probe runs the plan's own kernel calls from the plan's own library (the one the driver loads), on
-the model's real weights in the layouts the kernels read, over every layer's launch of that shape in
-turn (so the weights stream from memory as in a step), with random activations; each candidate's
-outputs are checked bit for bit against the default's before it is timed. A schedule travels as the
-launch's member and as its kernel calls' last three arguments (task_rows, ahead, cols: the last
-parameters of both families' kernels).
+A schedule travels as the launch's member and as its kernel calls' last three arguments (task_rows,
+ahead, cols: the last parameters of both families' kernels). tuning/cpu_schedules.py measures them.
 """
 
 from __future__ import annotations
 
 import hashlib
-import zlib
 from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families import matmul
-from llmplan.core import layouts
 from llmplan.models.gguf import GGUFFile
 
-from . import cpu_tuning
-from .probes import Verdict, measure, random_operand
+from . import cpu_decisions
 
 
 @dataclass(frozen=True)
@@ -64,7 +55,7 @@ class Shape:
     segment's N, the phase's rows; `phase` is where its launches' buffers are described."""
 
     kernel: str
-    projection: cpu_tuning.Projection
+    projection: cpu_decisions.Projection
     phase: dict[str, Any] = field(compare=False, hash=False, repr=False)
 
     @property
@@ -74,16 +65,16 @@ class Shape:
 
 
 class NativeTasks:
-    """The decision kind cpu_tuning.tune takes for a plan on the compiled kernels."""
+    """The decision kind cpu_decisions.tune takes for a plan on the compiled kernels."""
 
     single = ""  # every projection has candidates
 
     def __init__(self, lib: CpuLibrary, file: GGUFFile, phases: dict[str, dict[str, Any]]):
         self.lib, self.file, self.phases = lib, file, phases
-        self.default = IN_CACHE if file.size <= cpu_tuning.last_level_cache() else DEFAULT
+        self.default = IN_CACHE if file.size <= cpu_decisions.last_level_cache() else DEFAULT
 
     def projection(self, launch, buffers, dims, weights) -> Shape | None:
-        p = cpu_tuning.projection(launch, buffers, dims, weights)
+        p = cpu_decisions.projection(launch, buffers, dims, weights)
         if p is None:
             return None
         phase = next(ph for ph in self.phases.values() if ph["buffers"] is buffers)
@@ -115,60 +106,3 @@ class NativeTasks:
         launch["member"] = s.name
         for k in launch["kernels"]:
             k["args"][-3:] = [{"i32": s.rows}, {"i32": s.ahead}, {"i32": s.cols}]
-
-    def probe(self, d: cpu_tuning.Decision, cands: list[Schedule], round_seconds: float) -> Verdict:
-        shape: Shape = d.projection
-        phase, dims = shape.phase, dict(shape.phase["dims"], rows=shape.projection.rows)
-        group = [l for l in d.launches if any(l is x for x in phase["launches"])]
-        rng = np.random.default_rng(zlib.crc32(d.key.encode()))
-        arrays: dict[str, np.ndarray] = {}  # activations and outputs, restored before each check
-        held: dict[tuple[str, str], np.ndarray] = {}  # weights in the layouts the kernels read
-
-        def bind(ref: dict[str, Any]) -> np.ndarray:
-            if "state" in ref:  # the decode phases' tail writes its tokens into the tokens input
-                s = phase["state"][ref["state"]]
-                return arrays.setdefault(ref["state"], np.zeros([x if isinstance(x, int) else dims[x]
-                                                                 for x in s["shape"]], np.int32))
-            if "buf" in ref:
-                b = phase["buffers"][ref["buf"]]
-                shp = tuple(x if isinstance(x, int) else dims[x] for x in b["shape"])
-                return arrays.setdefault(f"buf{ref['buf']}", random_operand(b["dtype"], shp, rng))
-            key = (ref["weight"], ref["layout"])
-            if key not in held:
-                t = self.file.tensors[ref["weight"]]
-                made = (ref["layout"], self.file.tensor_bytes(ref["weight"]), t.type.name, tuple(reversed(t.shape)))
-                data = matmul.make_held(self.lib, *made)  # the library's maker where it has one: faster
-                held[key] = layouts.make(*made) if data is None else data
-            return held[key]
-
-        def arg(r: dict[str, Any]) -> Any:
-            if "i32" in r:
-                return dims[r["i32"]] if isinstance(r["i32"], str) else r["i32"]
-            return r["f32"] if "f32" in r else bind(r).ctypes.data
-
-        def values(k: dict[str, Any], s: Schedule) -> tuple:
-            return (*(arg(r) for r in k["args"][:-3]), s.rows, s.ahead, s.cols)
-
-        calls = {c.name: [[(self.lib.entry(k["name"])[0], values(k, c)) for k in l["kernels"]] for l in group]
-                 for c in cands}
-        snapshot = {n: a.copy() for n, a in arrays.items()}
-        outs = [f"buf{r['buf']}" for r in group[0]["outs"] if "buf" in r]
-
-        def runner(c: Schedule):
-            def run(i: int):
-                if i == 0:  # the check: from the same inputs every time (a residual accumulates in place)
-                    for n, a in snapshot.items():
-                        arrays[n][...] = a
-                for fn, vals in calls[c.name][i % len(group)]:
-                    fn(*vals)
-                return [arrays[n].copy() for n in outs] if i == 0 else None
-            return run
-
-        runners = {c.name: runner(c) for c in cands}
-        reference = runners[self.default.name](0)
-
-        def check(got) -> str:
-            same = all(np.array_equal(g, r, equal_nan=True) for g, r in zip(got, reference))
-            return "" if same else "its outputs differ from the default schedule's"
-
-        return measure(runners, check, self.default.name, round_seconds)

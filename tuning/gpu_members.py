@@ -1,24 +1,89 @@
-"""Timing a GPU decision's candidates on a driver (plans/gpu_tuning.py says what is decided; this runs
-it): the candidates' kernels loaded as a small plan body, operands at the phase's bounds (the model's
-own weights in the layout each kernel reads; activations and the outputs' initial contents random),
-each candidate checked against the default member's output, then timed by plans/probes.measure, each
-call synchronized so device time counts."""
+"""Measuring a GPU plan's decisions on the device: for every launch whose family offers several members
+(GEMM tile shapes and split-K, mat-vec variants: plans/select.py), the members that fit the device,
+timed on the device and recorded in the tune store under the key and build id select.py consults
+(`plan tune --device cuda|hip`).
+
+The probe rules are tuning/probes.py's: every candidate's output is checked first, here against the
+default member's on the same random operands within the accumulation-order bound (core/numerics.py
+ORDER_NMSE: members sum in different orders, so bit equality is not theirs to keep), then five
+interleaved rounds, medians, a lead under 3% a tie. The candidates' kernels are loaded as a small plan
+body on a driver, their operands at the phase's bounds (the model's own weights in the layout each
+kernel reads; activations and the outputs' initial contents random), each call synchronized so device
+time counts.
+"""
 
 from __future__ import annotations
 
 import zlib
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from llmplan.codegen.build import Build, build
+from llmplan.codegen.kernel import Context, Launch
+from llmplan.codegen.targets import target_for
 from llmplan.core import layouts
+from llmplan.core.devices import DeviceFacts
 from llmplan.core.formats import value_bytes
 from llmplan.core.numerics import ORDER_NMSE
+from llmplan.core.tune_store import TuneStore, Verdict, provenance, record
 from llmplan.models.gguf import GGUFFile
-from llmplan.plans.gpu_tuning import GpuDecision
-from llmplan.plans.probes import Verdict, disagreement, measure, random_operand
+from llmplan.plans.select import build_id, decision_key, fits, members
+from llmplan.runtime.driver import Call, Driver, Region, Scalar
 
-from .driver import Call, Driver, Region, Scalar
+from .probes import disagreement, measure, random_operand
+
+
+@dataclass
+class GpuDecision:
+    key: str
+    build_id: str
+    phase: str
+    launch: dict[str, Any]  # the first lowered launch it decides (operand types and shapes)
+    buffers: list[dict[str, Any]]  # its phase's buffers (dtype, shape)
+    dims: dict[str, int]  # the phase's bounds: the shapes it is timed at
+    candidates: dict[str, list[Launch]]  # those that fit, the family's order: the first is the default
+    pruned: dict[str, str] = field(default_factory=dict)
+    phases: dict[str, int] = field(default_factory=dict)  # launches per phase
+    verdict: Verdict | None = None
+    entry: str = ""
+    provenance: str = ""
+
+
+def decisions(phases: dict[str, dict[str, Any]], table, device: DeviceFacts) -> tuple[list[GpuDecision], Build]:
+    """Every decision of the plan for `device` with more than one member that fits, and one build of
+    all their candidates."""
+    target = target_for(device.arch)
+    found: dict[str, GpuDecision] = {}
+    for phase, p in phases.items():
+        ctx = Context(p["buffers"], table, target, p["dims"], device.multiprocessors)
+        for launch in p["launches"]:
+            cands = members(launch, ctx)
+            if len(cands) < 2:
+                continue
+            key = decision_key(launch, ctx)
+            if key not in found:
+                bid = build_id(tuple(ln.kernel for lns in cands.values() for ln in lns))
+                found[key] = GpuDecision(key, bid, phase, launch, p["buffers"], p["dims"], cands)
+            found[key].phases[phase] = found[key].phases.get(phase, 0) + 1
+    kernels = {ln.kernel.name: ln.kernel for d in found.values() for lns in d.candidates.values() for ln in lns}
+    built = build(list(kernels.values()), target, gates=False)
+    for d in found.values():
+        for name, lns in list(d.candidates.items()):
+            why = fits(lns, built.manifests, device)
+            if why:
+                d.pruned[name] = why
+                del d.candidates[name]
+    return [d for d in found.values() if len(d.candidates) > 1], built
+
+
+def keep(d: GpuDecision, v: Verdict, device: DeviceFacts, store: TuneStore) -> None:
+    """Record a decision's verdict in the store (its id, even with the store off: TuneStore.save)."""
+    entry = record(v, device.tune_key, d.key, d.build_id)
+    d.verdict = v
+    d.entry = store.save(entry)
+    d.provenance = provenance(d.entry, entry)
 
 
 class ProbeRunner:

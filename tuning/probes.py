@@ -13,35 +13,20 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
 from llmplan.core.errors import InputError
 from llmplan.core.formats import ACTIVATION_FORMATS, planes, value_bytes
-
-from .tune_store import ENTRY_FORMAT
+from llmplan.core.tune_store import TIE, Verdict
 
 ROUNDS = 5
-TIE = 0.03  # a lead under this is noise: the default stands
 ROUND_SECONDS = 0.025  # the default's time per round; every candidate gets as many calls
 
 
 class ProbeError(InputError):
     """The default candidate itself fails its check: the plan cannot be trusted (a kernel bug)."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    medians: dict[str, float]  # seconds per call
-    rejected: dict[str, str]  # candidate -> why its output was refused
-    default: str
-    winner: str
-    lead: float  # winner vs the default (or the default vs the next best, when it wins)
-    tie: bool
-    calls: int  # per candidate per round
-    rounds: int = ROUNDS
 
 
 def measure(candidates: dict[str, Callable[[int], Any]], check: Callable[[Any], str], default: str,
@@ -83,24 +68,6 @@ def decide(medians: dict[str, float], default: str) -> tuple[str, float, bool]:
         return default, lead, bool(rest) and lead < TIE
     lead = medians[default] / medians[fastest] - 1
     return (default, lead, True) if lead < TIE else (fastest, lead, False)
-
-
-def record(v: Verdict, device_key: str, decision_key: str, build_id: str) -> dict[str, Any]:
-    """The store entry of a verdict (plans/tune_store.py)."""
-    return {"format": ENTRY_FORMAT, "device_key": device_key, "decision_key": decision_key, "build_id": build_id,
-            "medians": v.medians, "rejected": v.rejected, "default": v.default, "winner": v.winner, "lead": v.lead,
-            "tie": v.tie, "rounds": v.rounds, "calls": v.calls,
-            "measured": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-
-def provenance(entry_id: str, entry: dict[str, Any]) -> str:
-    """How a plan records a decision taken from a store entry."""
-    lead = f"{entry['lead']:.0%}"
-    if entry["tie"]:
-        return f"tie: entry {entry_id}, the fastest within {TIE:.0%} of the default {entry['default']}, which stands"
-    if entry["winner"] == entry["default"]:
-        return f"measured: entry {entry_id}, the default is fastest, lead {lead}"
-    return f"measured: entry {entry_id}, lead {lead} over the default {entry['default']}"
 
 
 def disagreement(got: np.ndarray, want: np.ndarray, bound: float) -> str:
