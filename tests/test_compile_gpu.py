@@ -19,13 +19,12 @@ from llmplan.core.devices import OFFLINE_TARGETS
 from llmplan.core.errors import InputError
 from llmplan.core.op_traits import FAMILIES
 from llmplan.core.planfile import read_body, read_header
-from llmplan.core.tune_store import TuneStore
+from llmplan.core.tune_store import TuneStore, Verdict, record
 from llmplan.models.info import describe
 from llmplan.models.model import open_model
 from llmplan.plans import select
 from llmplan.plans.compile import compile_model, limits_for, lower_phases
 from llmplan.runtime.numpy_kernels import KERNELS
-from llmplan.tuning.probes import Verdict, record
 
 from conftest import TINY_BPE, TINY_SPM, require_compiler
 
