@@ -9,7 +9,7 @@ host has them (host_isas); best_isa() is what a plan for this machine uses.
 
 CpuLibrary(source, params, isa) loads a translation unit: a plan's own (the runtime's cpu driver), or
 one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims)
-runs a codegen Launch record of a CPU family (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
+runs a KernelLaunch of a CPU family (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
 other argument through bind(ref) -> a C-contiguous NumPy array; CpuLibrary.bind does the binding once,
 for a driver whose buffers stay at fixed addresses. Each launch is one call; the kernel splits its work
 over the library's thread pool (set_threads).
@@ -23,16 +23,17 @@ import platform
 import re
 import struct
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from llmplan.core.errors import InputError
+from llmplan.core.plan_records import Ref
 
 from . import toolchain
 from .build import _inline
 from .host import HostLibrary, build_library
-from .kernel import Kernel, Launch
+from .kernel import Kernel, KernelLaunch
 
 CPU_DIR = Path(__file__).parent / "cpu"
 HOST_VENDOR = CPU_DIR / "host.h"
@@ -160,7 +161,7 @@ class CpuLibrary:
     def threads(self) -> int:
         return int(self.lib.lp_cpu_threads())
 
-    def bind(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray],
+    def bind(self, launch: KernelLaunch, bind: Callable[[Ref], np.ndarray],
              dims: dict[str, int]) -> tuple[Callable[..., None], tuple, list[np.ndarray]]:
         """(the entry point, its argument values, the arrays they point into) for a launch: a driver that
         keeps buffers at fixed addresses binds a launch once and calls fn(*values) every step."""
@@ -170,9 +171,8 @@ class CpuLibrary:
         values, keep = [], []
         for t, arg in zip(types, launch.args):
             if t in _SCALARS:
-                assert list(arg) == [_SCALARS[t][1]], (k.name, t, arg)
-                v = arg[_SCALARS[t][1]]
-                values.append(dims[v] if isinstance(v, str) else v)
+                assert arg.KIND == _SCALARS[t][1], (k.name, t, arg)
+                values.append(dims[arg.value] if isinstance(arg.value, str) else arg.value)
             else:
                 arr = bind(arg)
                 assert isinstance(arr, np.ndarray) and arr.flags.c_contiguous, (k.name, arg)
@@ -180,6 +180,6 @@ class CpuLibrary:
                 values.append(arr.ctypes.data)
         return getattr(self.lib, k.name), tuple(values), keep
 
-    def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
+    def launch(self, launch: KernelLaunch, bind: Callable[[Ref], np.ndarray], dims: dict[str, int]) -> None:
         fn, values, _ = self.bind(launch, bind, dims)
         fn(*values)

@@ -37,11 +37,12 @@ from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (script
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
 from llmplan.codegen.host import build_library  # noqa: E402
+from llmplan.commands import llama_cpp  # noqa: E402
 from llmplan.commands.inspect import summarize  # noqa: E402
 from llmplan.core import layouts  # noqa: E402
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, planes  # noqa: E402
+from llmplan.core.plan_records import Weight  # noqa: E402
 from llmplan.models.model import open_model  # noqa: E402
-from llmplan.plans import llama_cpp  # noqa: E402
 
 _STREAM = r"""
 #include <stddef.h>
@@ -121,7 +122,7 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
     lib = cpu_build.CpuLibrary.from_kernels(list(kernels.values()), isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)
-    raw = {n: layouts.make(matmul.held({"weight": n}, t.type.name)["layout"], np.frombuffer(f.tensor_bytes(n), np.uint8),
+    raw = {n: layouts.make(matmul.held(Weight(n), t.type.name).layout, np.frombuffer(f.tensor_bytes(n), np.uint8),
                            t.type.name, tuple(reversed(t.shape))) for n, t in every}  # as the kernels read them
     out: dict = {"weights": len(every), "head": head, "rows": {}}
     for rows in rows_list:

@@ -12,11 +12,14 @@ from typing import Any, Callable
 import numpy as np
 import pytest
 
-from kernel_inputs import random_blocks
 from llmplan.codegen import cpu_build
-from llmplan.codegen.kernel import Context, Kernel, Launch
+from llmplan.codegen.kernel import Context, Kernel, KernelLaunch
 from llmplan.core import layouts
 from llmplan.core.formats import FORMATS, dequantize
+from llmplan.core.plan_records import Buf, Cache, Ref, RopeTable, State, Weight
+
+from kernel_inputs import random_blocks
+from launch_records import phase_buffers
 
 # every path this machine runs; under CI a missing compiler fails instead of skipping
 ISAS = list(cpu_build.host_isas())
@@ -34,24 +37,24 @@ def library(catalog: Callable[[], list[Kernel]], isa: str) -> cpu_build.CpuLibra
     return _library(tuple(catalog()), isa)
 
 
-def run(lib: cpu_build.CpuLibrary, launches: list[Launch], arrays: dict[str, np.ndarray], dims: dict[str, int],
+def run(lib: cpu_build.CpuLibrary, launches: list[KernelLaunch], arrays: dict[str, np.ndarray], dims: dict[str, int],
         weights: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> None:
     """Run launches binding each reference by a key: "buf:N", "weight:NAME" (the file's bytes, made into
     the reference's layout as the runtime makes it, with the weight's (format, shape) from `weights`),
     "state:NAME", "cache", "table"."""
-    def bind(ref: dict[str, Any]) -> np.ndarray:
-        if "buf" in ref:
-            return arrays[f"buf:{ref['buf']}"]
-        if "weight" in ref:
-            raw = arrays[f"weight:{ref['weight']}"]
-            if ref.get("layout") in (None, "blocks"):
+    def bind(ref: Ref) -> np.ndarray:
+        if isinstance(ref, Buf):
+            return arrays[f"buf:{ref.index}"]
+        if isinstance(ref, Weight):
+            raw = arrays[f"weight:{ref.name}"]
+            if ref.layout in ("", "blocks"):
                 return raw
-            return layouts.make(ref["layout"], raw, *weights[ref["weight"]])
-        if "state" in ref:
-            return arrays[f"state:{ref['state']}"]
-        if "cache" in ref:
+            return layouts.make(ref.layout, raw, *weights[ref.name])
+        if isinstance(ref, State):
+            return arrays[f"state:{ref.name}"]
+        if isinstance(ref, Cache):
             return arrays["cache"]
-        if "rope_table" in ref:
+        if isinstance(ref, RopeTable):
             return arrays["table"]
         raise KeyError(ref)
 
@@ -71,5 +74,6 @@ def weight(rng: np.random.Generator, fmt: str, n: int, k: int) -> tuple[np.ndarr
     return raw, dequantize(raw, FORMATS[fmt.upper()], (n, k))
 
 
-def context(buffers: list[dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]]) -> Context:
-    return Context(buffers, weights, None)
+def context(specs: list[dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]]) -> Context:
+    """A CPU family's context: buffers from {"dtype", "shape"} maps, weights (format, shape) by name."""
+    return Context(phase_buffers(specs), weights, None)

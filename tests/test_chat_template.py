@@ -5,10 +5,11 @@ import time
 
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
 from llmplan.models.chat_template import PLAIN_TEMPLATE, render_chat
 from llmplan.models.errors import ChatTemplateError
 from llmplan.models.tokenizer import load_tokenizer
+
+from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
 
 MESSAGES = [
     {"role": "user", "content": "Hello!"},

@@ -5,11 +5,13 @@ import dataclasses
 
 import pytest
 
-from conftest import require_compiler
 from llmplan.codegen.build import BuildError, Manifest, build, gate, render
 from llmplan.codegen.families import norm
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.codegen.targets import TARGETS
+
+from conftest import require_compiler
+from launch_records import lowered, phase_buffers
 
 ALL = list(TARGETS)
 
@@ -18,13 +20,13 @@ def _norm_kernels():
     bufs = [{"dtype": "f32", "shape": ["rows", 1024]}, {"dtype": "q8_k", "shape": ["rows", 1024]},
             {"dtype": "q8_0", "shape": ["rows", 1024]}, {"dtype": "q8_1", "shape": ["rows", 1024]},
             {"dtype": "f32", "shape": ["rows", 1024]}]
-    ctx = Context(bufs, {"w": ("F32", (1024,))}, TARGETS["sm_90"])
+    ctx = Context(phase_buffers(bufs), {"w": ("F32", (1024,))}, TARGETS["sm_90"])
     out = []
     for op, fmt, dst in [("rmsnorm_pack", "q8_k", 1), ("rmsnorm_pack", "q8_0", 2), ("rmsnorm_pack", "q8_1", 3),
                          ("pack", "q8_k", 1), ("pack", "q8_0", 2), ("pack", "q8_1", 3), ("rmsnorm", None, 4)]:
         args = [{"buf": 0}] if op == "pack" else [{"buf": 0}, {"weight": "w"}]
-        launch = {"op": op, "attrs": {"eps": 1e-5} | ({"format": fmt} if fmt else {}), "args": args,
-                  "outs": [{"buf": dst}]}
+        launch = lowered({"op": op, "attrs": {"eps": 1e-5} | ({"format": fmt} if fmt else {}), "args": args,
+                  "outs": [{"buf": dst}]})
         out += norm.launches(launch, ctx)
     return out
 

@@ -20,6 +20,7 @@ from llmplan.runtime import numpy_kernels as ck
 
 from cpu_native import ISAS, context, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
+from launch_records import lowered, wire
 
 OUT_FORMATS = ["f32", "q8_0", "q8_1", "q8_k", "f16", "bf16"]
 
@@ -65,7 +66,7 @@ def test_partial_matches_the_twin(case, isa, rng):
     rows, splits = dims["rows"], dims["splits"]
     ctx = context([{"dtype": "f32", "shape": ["rows", heads * d]},
                    {"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]}], {})
-    launches = at.launches({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}, ctx)
+    launches = at.launches(lowered({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}), ctx)
     part = np.full((rows, heads, splits, d + 2), np.nan, np.float32)
     run(library(catalog, isa), launches, {**arrays, "buf:1": part}, dims)
     want = np.zeros_like(part)
@@ -92,7 +93,7 @@ def test_prefill_attention_matches_the_twin_and_decode(case, isa, rng):
     ctx = context([{"dtype": "f32", "shape": ["rows", heads * d]}, {"dtype": "f32", "shape": ["rows", heads * d]}], {})
     full = {k: v for k, v in attrs.items() if k != "chunk"}
     out = np.full((rows, heads * d), np.nan, np.float32)
-    run(lib, at.launches({"op": "attention", "attrs": full, "args": ARGS, "outs": [{"buf": 1}]}, ctx),
+    run(lib, at.launches(lowered({"op": "attention", "attrs": full, "args": ARGS, "outs": [{"buf": 1}]}), ctx),
         {**arrays, "buf:1": out}, dims)
     want = np.empty_like(out)
     ck.attention("attention", full, [want], arrays["buf:0"], arrays["cache"], arrays["state:seq"],
@@ -106,9 +107,9 @@ def test_prefill_attention_matches_the_twin_and_decode(case, isa, rng):
                    {"dtype": "f32", "shape": ["rows", heads * d]}], {})
     part = np.full((rows, heads, splits, d + 2), np.nan, np.float32)
     dec = np.full_like(out, np.nan)
-    launches = at.launches({"op": "attention_partial", "attrs": {**attrs, "chunk": num.SLICE}, "args": ARGS,
-                            "outs": [{"buf": 1}]}, ctx)
-    launches += at.launches({"op": "attention_reduce", "attrs": {}, "args": [{"buf": 1}], "outs": [{"buf": 2}]}, ctx)
+    launches = at.launches(lowered({"op": "attention_partial", "attrs": {**attrs, "chunk": num.SLICE}, "args": ARGS,
+                            "outs": [{"buf": 1}]}), ctx)
+    launches += at.launches(lowered({"op": "attention_reduce", "attrs": {}, "args": [{"buf": 1}], "outs": [{"buf": 2}]}), ctx)
     run(lib, launches, {**arrays, "buf:1": part, "buf:2": dec}, {**dims, "splits": splits})
     assert np.array_equal(dec, out)
 
@@ -135,7 +136,7 @@ def test_reduce_matches_the_twin(fmt, isa, rng):
     attrs = {"format": fmt} if fmt != "f32" else {}
     ctx = context([{"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]},
                    {"dtype": fmt, "shape": ["rows", heads * d]}], {})
-    launches = at.launches({"op": op, "args": [{"buf": 0}], "outs": [{"buf": 1}], "attrs": attrs}, ctx)
+    launches = at.launches(lowered({"op": op, "args": [{"buf": 0}], "outs": [{"buf": 1}], "attrs": attrs}), ctx)
     dims = {"rows": rows, "splits": splits}
     if fmt in ("f32", "f16", "bf16"):
         dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[fmt]
@@ -162,7 +163,7 @@ def test_reduce_matches_the_twin(fmt, isa, rng):
 def test_launch_records():
     ctx = context([{"dtype": "f32", "shape": [1, 1024]}, {"dtype": "f32", "shape": [1, 4, "splits", 258]}], {})
     attrs = {"chunk": 256, "heads": 4, "kv_heads": 1, "layer": 6, "scale": 0.0625, "window": 512}
-    (ln,) = at.launches({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}, ctx)
+    (ln,) = at.launches(lowered({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}), ctx)
     assert ln.kernel.name == "lp_cpu_attention_partial_g4" and ln.grid == (1,)
-    assert ln.args[5:] == [{"buf": 1}, {"i32": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 4},
+    assert wire(ln.args)[5:] == [{"buf": 1}, {"i32": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 4},
                            {"i32": 1}, {"i32": 256}, {"i32": "splits"}, {"i32": 512}, {"i32": 256}, {"f32": 0.0625}]

@@ -25,6 +25,7 @@ from llmplan.runtime import numpy_kernels as ck
 
 from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, packed_buffer, page_table
+from launch_records import lowered, wire
 
 OUT_FORMATS = list(norm.FORMATS)
 PLAIN = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32}
@@ -37,13 +38,13 @@ def catalog():
     ks += [rope_kv.kernel(m, n) for m in ("norm", "neox") for n in (False, True)]
     ctx = context([{"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": [256]},
                    {"dtype": "f32", "shape": ["rows", 256]}], {})
-    ks += [norm.launches({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
-                          "outs": [{"buf": 2}]}, ctx)[0].kernel]
+    ks += [norm.launches(lowered({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
+                          "outs": [{"buf": 2}]}), ctx)[0].kernel]
     for f in OUT_FORMATS:
         for op, args in (("rmsnorm_pack", [{"buf": 0}, {"buf": 1}]), ("pack", [{"buf": 0}])):
             ctx = context([{"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": [256]},
                            {"dtype": f, "shape": ["rows", 256]}], {})
-            ks += [norm.launches({"op": op, "attrs": {"eps": 1e-5, "format": f}, "args": args, "outs": [{"buf": 2}]},
+            ks += [norm.launches(lowered({"op": op, "attrs": {"eps": 1e-5, "format": f}, "args": args, "outs": [{"buf": 2}]}),
                                  ctx)[0].kernel]
     return ks
 
@@ -98,7 +99,7 @@ def test_norm_and_pack_match_the_twin(op, fmt, isa, rng):
     bufs = [{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "f32", "shape": [k]}, {"dtype": fmt, "shape": ["rows", k]}]
     attrs = {"eps": 1e-6, "format": fmt}
     args = [{"buf": 0}, {"buf": 1}] if op == "rmsnorm_pack" else [{"buf": 0}]
-    launches = norm.launches({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}, context(bufs, {}))
+    launches = norm.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}), context(bufs, {}))
     got = run_packed(isa, launches, {"buf:0": x, "buf:1": w}, "buf:2", fmt, rows, k, {"rows": rows})
     want = out_buffer(fmt, rows, k, False)[1]
     ck.norm(op, attrs, [want], x, *([w] if op == "rmsnorm_pack" else []))
@@ -115,8 +116,8 @@ def test_rmsnorm_matches_the_twin(group, isa, rng):
     x[2, 5] = np.nan  # NaN / Inf as the twin: a NaN makes its group NaN, an Inf its own value
     x[3, 7] = np.inf
     bufs = [{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "f32", "shape": [group]}, {"dtype": "f32", "shape": ["rows", k]}]
-    launches = norm.launches({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
-                              "outs": [{"buf": 2}]}, context(bufs, {}))
+    launches = norm.launches(lowered({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
+                              "outs": [{"buf": 2}]}), context(bufs, {}))
     out = np.full_like(x, np.nan)
     run(library(catalog, isa), launches, {"buf:0": x, "buf:1": w, "buf:2": out}, {"rows": rows})
     want = np.empty_like(x)
@@ -134,9 +135,9 @@ def test_embed_is_bit_exact(fmt, isa, rng):
     vocab, k = 11, 512
     raw, dense = weight(rng, fmt, vocab, k)
     tokens = np.array([3, 10, 0, 3, 11, -1], np.int32)  # repeats; two outside the table
-    launch = {"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}], "outs": [{"buf": 0}]}
+    launch = lowered({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}], "outs": [{"buf": 0}]})
     (ln,) = embed.launches(launch, context([{"dtype": "f32", "shape": ["rows", k]}], {"t": (fmt, (vocab, k))}))
-    assert ln.args[0] == {"weight": "t", "layout": "blocks"}
+    assert wire(ln.args)[0] == {"weight": "t", "layout": "blocks"}
     out = np.zeros((len(tokens), k), np.float32)
     run(library(catalog, isa), [ln], {"weight:t": raw, "state:tokens": tokens, "buf:0": out}, {"rows": len(tokens)})
     assert np.array_equal(out[:4], dense[tokens[:4]])
@@ -153,7 +154,7 @@ def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
     up = rng.standard_normal((rows, k)).astype(np.float32)
     bufs = [{"dtype": "f32", "shape": ["rows", k]}] * 2 + [{"dtype": fmt, "shape": ["rows", k]}]
     attrs = {"act": act, "format": fmt}
-    launches = glu.launches({"op": "glu_pack", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]},
+    launches = glu.launches(lowered({"op": "glu_pack", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]}),
                             context(bufs, {}))
     got = run_packed(isa, launches, {"buf:0": gate, "buf:1": up}, "buf:2", fmt, rows, k, {"rows": rows})
     want = out_buffer(fmt, rows, k, False)[1]
@@ -181,7 +182,7 @@ def test_elementwise_matches_the_twin(op, isa, rng):
     y = rng.standard_normal((rows, k)).astype(np.float32)
     attrs = {"scale": {"factor": 25.298221281347036}, "softcap": {"cap": 30.0}}.get(op, {})
     args = [{"buf": 0}, {"buf": 1}] if op in ew.BINARY else [{"buf": 0}]
-    launches = ew.launches({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]},
+    launches = ew.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}),
                            context([{"dtype": "f32", "shape": ["rows", k]}] * 3, {}))
     out = np.full_like(x, np.nan)
     run(library(catalog, isa), launches, {"buf:0": x, "buf:1": y, "buf:2": out}, {"rows": rows})
@@ -212,8 +213,8 @@ def test_take_rows_matches_the_twin(dtype, k, isa, rng):
     x = (rng.standard_normal((9, k)) * 100).astype(np_dtype)
     last = np.array([8, 0, 3, 3], np.int32)
     bufs = [{"dtype": dtype, "shape": ["rows", k]}, {"dtype": dtype, "shape": ["seqs", k]}]
-    launches = ew.launches({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
-                            "outs": [{"buf": 1}]}, context(bufs, {}))
+    launches = ew.launches(lowered({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
+                            "outs": [{"buf": 1}]}), context(bufs, {}))
     out = np.zeros((len(last), k), np_dtype)
     run(library(catalog, isa), launches, {"buf:0": x, "state:last": last, "buf:1": out}, {"rows": 9, "seqs": 4})
     want = np.empty_like(out)
@@ -247,8 +248,8 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
         attrs["eps"] = 1e-6
         extra = [{"weight": "qn"}, {"weight": "kn"}]
     bufs = [{"dtype": "f32", "shape": ["rows", w]} for w in (heads * d, kvh * d, kvh * d, heads * d)]
-    launch = {"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
-              {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]}
+    launch = lowered({"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
+              {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]})
     launches = rope_kv.launches(launch, context(bufs, {"qn": ("F32", (d,)), "kn": ("F32", (d,)),
                                                        "f": ("F32", (dims // 2,))}))
     twin_extra = [weights[e["weight"]] for e in extra]
@@ -281,7 +282,7 @@ def test_the_pool_runs_every_task_once_launch_after_launch(rng):
     waking): every output is written by its own task, exactly once, every time."""
     lib = library(catalog, ISAS[-1])
     lib.set_threads(3)  # more threads than this machine may have free: workers are descheduled now and then
-    (ln,) = ew.launches({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]},
+    (ln,) = ew.launches(lowered({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]}),
                         context([{"dtype": "f32", "shape": ["rows", 4096]}] * 3, {}))
     x = rng.standard_normal((64, 4096)).astype(np.float32)
     y = rng.standard_normal((64, 4096)).astype(np.float32)

@@ -21,6 +21,7 @@ from llmplan.runtime.numpy_kernels import matmul as twin_matmul
 
 from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, random_activation
+from launch_records import lowered, wire
 
 TIGHT = 1e-9
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K", "Q2_K"], ["Q4_1", "Q5_1"],
@@ -79,7 +80,7 @@ def project(isa, op, formats, rows, ns, rng, member=None, residual=False, inplac
             ys[0][:rows] = r
         arrays[f"buf:{len(bufs) - 1}"] = ys[0] if inplace else r
     ctx = context(bufs, {w: (f, (n, k)) for w, f, n in zip(names, formats, ns)})
-    launch = {"op": op, "attrs": {}, "args": args, "outs": [{"buf": 1 + i} for i in range(len(ns))], "member": member}
+    launch = lowered({"op": op, "attrs": {}, "args": args, "outs": [{"buf": 1 + i} for i in range(len(ns))], "member": member})
     run(lib, matmul.launches(launch, ctx), arrays, {"rows": rows}, ctx.weights)
     want = [np.empty((rows, n), np.float32) for n in ns]
     dense = [d for _, d in ws]
@@ -98,12 +99,12 @@ def project(isa, op, formats, rows, ns, rng, member=None, residual=False, inplac
 def test_launch_record():
     ctx = context([{"dtype": "q8_k", "shape": ["rows", 2048]}, {"dtype": "f32", "shape": ["rows", 640]},
                    {"dtype": "f32", "shape": ["rows", 640]}], {"blk.0.ffn_down.weight": ("Q6_K", (640, 2048))})
-    launch = {"op": "matmul_residual", "attrs": {}, "member": "t32",
-              "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}, {"buf": 1}], "outs": [{"buf": 2}]}
+    launch = lowered({"op": "matmul_residual", "attrs": {}, "member": "t32",
+              "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}, {"buf": 1}], "outs": [{"buf": 2}]})
     (ln,) = matmul.launches(launch, ctx)
     assert ln.kernel.name == "lp_cpu_matmul_q6_k_r16_seg1_res1" and ln.kernel.source == "matmul.h"
     assert ln.grid == (1,)
-    assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "rows16"}, {"buf": 1}, {"buf": 2},
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "rows16"}, {"buf": 1}, {"buf": 2},
                        {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}, {"i32": matmul.DEFAULT_AHEAD},
                        {"i32": matmul.DEFAULT_COLS}]
     assert ln.kernel.entry.startswith("LP_KERNEL void lp_cpu_matmul_q6_k_r16_seg1_res1(const void* x, const void* w0, "
@@ -115,12 +116,12 @@ def test_names_and_members():
     assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_r16_seg3_res0"
     assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
     default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD, matmul.DEFAULT_COLS)
-    assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD, 0) and matmul.schedule({}) == default
-    assert matmul.schedule({"member": "t8a0"}) == (8, 0, 0) and matmul.schedule({"member": "t8a3"}) == default
-    assert matmul.schedule({"member": "t16c6"}) == (16, matmul.DEFAULT_AHEAD, 6)
-    assert matmul.schedule({"member": "t16a1c2"}) == (16, 1, 2) and matmul.schedule({"member": "t16c5"}) == default
+    assert matmul.schedule("t64") == (64, matmul.DEFAULT_AHEAD, 0) and matmul.schedule("") == default
+    assert matmul.schedule("t8a0") == (8, 0, 0) and matmul.schedule("t8a3") == default
+    assert matmul.schedule("t16c6") == (16, matmul.DEFAULT_AHEAD, 6)
+    assert matmul.schedule("t16a1c2") == (16, 1, 2) and matmul.schedule("t16c5") == default
     assert matmul.candidates({}, None)[0] == f"t{matmul.DEFAULT_TASK_ROWS}"
-    assert all(matmul.member(*matmul.schedule({"member": m})) == m for m in matmul.MEMBERS)
+    assert all(matmul.member(*matmul.schedule(m)) == m for m in matmul.MEMBERS)
 
 
 @pytest.mark.parametrize("weights, fmt, message", [
@@ -132,7 +133,7 @@ def test_errors(weights, fmt, message):
     k = weights["w"][1][1]
     ctx = context([{"dtype": fmt, "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", 64]}], weights)
     with pytest.raises(matmul.CpuMatmulError, match=message):
-        matmul.launches({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}, ctx)
+        matmul.launches(lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}), ctx)
 
 
 def test_segments_must_share_the_activation_format():

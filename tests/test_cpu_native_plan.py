@@ -53,7 +53,7 @@ def _engine(tmp, model, isa: str | None, chunk: int = CTX) -> Engine:
 def _greedy(engine: Engine, ids: list[int], n: int, head: str = "logits") -> tuple[list[int], list[np.ndarray]]:
     """Greedy tokens after the prompt (prefilled in the plan's chunks), and the `head` row of each step,
     through the executor."""
-    chunk = engine.header["limits"]["chunk"]
+    chunk = engine.header.limits.chunk
     pages = np.arange(pages_for(CTX), dtype=np.int32)[None, :]
     for at in range(0, len(ids), chunk):
         part = ids[at:at + chunk]
@@ -78,7 +78,7 @@ def _greedy(engine: Engine, ids: list[int], n: int, head: str = "logits") -> tup
 def test_greedy_tokens_and_logits_match_the_numpy_backend(model, isa, tmp_path_factory):
     tmp = tmp_path_factory.getbasetemp()
     numpy_engine, native = _engine(tmp, model, None), _engine(tmp, model, isa)
-    assert native.body["cpu"]["isa"] == native.executor.driver.lib.isa == isa
+    assert native.body.cpu.isa == native.executor.driver.lib.isa == isa
     ids = native.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
     want_ids, want_rows = _greedy(numpy_engine, ids, STEPS)
     got_ids, got_rows = _greedy(native, ids, STEPS)
@@ -129,9 +129,9 @@ def test_the_driver_makes_the_relaid_out_weights_with_the_plans_code(tmp_path_fa
     held = {name for name, layout in ex.weights if layout == "rows16"}
     assert held and "rows16" not in made
     for name in held:
-        w = ex.body["weights"][name]
+        w = ex.body.weights[name]
         data = ex.weights[(name, "rows16")]
-        want = numpy_make("rows16", ex.model.tensor_bytes(name), w["format"], tuple(w["shape"]))
+        want = numpy_make("rows16", ex.model.tensor_bytes(name), w.format, tuple(w.shape))
         assert np.array_equal(data.buffer[data.offset:data.offset + data.nbytes], want), name
 
 

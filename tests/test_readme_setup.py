@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import require_compiler
 from llmplan.codegen.targets import TARGETS
+
+from conftest import require_compiler
 
 ROOT = Path(__file__).parents[1]
 

@@ -9,8 +9,6 @@ import numpy as np
 import pytest
 from gguf import GGUFValueType
 
-from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
-from llamacpp_port import split_gpt2, split_llama3
 from llmplan.models.errors import TokenizerError
 from llmplan.models.gguf import GGUFFile, MetaValue
 from llmplan.models.pretokenize import pre_tokenizer
@@ -18,6 +16,9 @@ from llmplan.models.strings import StringArray, StringIndex
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.models.tokenizer_bpe import byte_to_char
 from llmplan.models.vocab import read_vocab
+
+from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
+from llamacpp_port import split_gpt2, split_llama3
 from tokenizer_refs import BPE_FILES, reference, vocab_cases
 
 

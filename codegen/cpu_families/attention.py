@@ -14,9 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.core.numerics import PAGE, SLICE
+from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 from .norm import out_format
 
 MAX_GROUP = 16  # query heads per K/V head: the kernels keep G heads' sums in registers (attention.h)
@@ -60,11 +61,11 @@ def _check(a: dict[str, Any], heads: int, d: int, chunk: int, width: int) -> Non
         raise BuildError(f"attention: chunk {chunk} is not whole {PAGE}-position pages")
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
     if op in ("attention", "attention_partial"):
-        q, cache, seq, pages, pos = launch["args"]
-        out = launch["outs"][0]
+        q, cache, seq, pages, pos = launch.args
+        out = launch.outs[0]
         rows, width = ctx.shape(q)
         heads = a["heads"]
         if op == "attention":
@@ -78,15 +79,15 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         tail = [scalar(a["window"]), scalar(chunk), scalar(a["scale"], "f32")]
         group = heads // a["kv_heads"]
         if op == "attention":
-            return [Launch(attention_kernel(group), (1,),
+            return [KernelLaunch(attention_kernel(group), (1,),
                            [q, cache, seq, pages, pos, out, scalar(rows), *common, *tail])]
-        return [Launch(partial_kernel(group), (1,),
+        return [KernelLaunch(partial_kernel(group), (1,),
                        [q, cache, seq, pages, pos, out, scalar(rows), *common, scalar(splits), *tail])]
     if op in ("attention_reduce", "attention_reduce_pack"):
-        part, out = launch["args"][0], launch["outs"][0]
+        part, out = launch.args[0], launch.outs[0]
         rows, heads, splits, dp2 = ctx.shape(part)
         d = dp2 - 2
         fmt = a["format"] if op == "attention_reduce_pack" else "f32"
-        return [Launch(reduce_kernel(fmt, heads * d), (1,),
+        return [KernelLaunch(reduce_kernel(fmt, heads * d), (1,),
                        [part, out, scalar(rows), scalar(heads), scalar(d), scalar(splits)])]
     raise BuildError(f"attention: no CPU kernel for op {op}")

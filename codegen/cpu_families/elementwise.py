@@ -10,8 +10,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llmplan.core.plan_records import Launch
+
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 OPS = {"add": 0, "mul": 1, "scale": 2, "silu": 3, "gelu_tanh": 4, "softcap": 5}
 BINARY = ("add", "mul")
@@ -47,24 +49,24 @@ def _row(shape: tuple, what: str) -> tuple[Any, int]:
     return (shape[0] if rest else 1), (math.prod(rest) if rest else shape[0])
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    out = launch["outs"][0]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
+    out = launch.outs[0]
     if op == "take_rows":
-        x, rows = launch["args"]
+        x, rows = launch.args
         dtype = ctx.dtype(x)
         if dtype not in ELEMENT_BYTES:
             raise BuildError(f"take_rows: {dtype} rows are not gathered by a CPU kernel (f32, i32, f16, bf16 only)")
         _, k = _row(ctx.shape(x), "take_rows")
-        return [Launch(take_rows_kernel(), (1,),
+        return [KernelLaunch(take_rows_kernel(), (1,),
                        [x, rows, out, scalar(ctx.shape(out)[0]), scalar(k * ELEMENT_BYTES[dtype])])]
     if op not in OPS:
         raise BuildError(f"elementwise: no CPU kernel for op {op}")
-    for ref in (*launch["args"], out):
+    for ref in (*launch.args, out):
         if ctx.dtype(ref) != "f32":
             raise BuildError(f"{op}: operands must be f32, got {ctx.dtype(ref)}")
-    rows, k = _row(ctx.shape(launch["args"][0]), op)
-    args = [launch["args"][0]] + ([launch["args"][1]] if op in BINARY else []) + [out, scalar(rows), scalar(k)]
+    rows, k = _row(ctx.shape(launch.args[0]), op)
+    args = [launch.args[0]] + ([launch.args[1]] if op in BINARY else []) + [out, scalar(rows), scalar(k)]
     if op in ATTR:
         args.append(scalar(a[ATTR[op]], "f32"))
-    return [Launch(kernel(op), (1,), args)]
+    return [KernelLaunch(kernel(op), (1,), args)]

@@ -8,10 +8,10 @@ Arguments: the table ({"weight": name, "layout": "blocks"}), the tokens ({"state
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 from .matmul import BLOCK_VALUES, FORMATS, in_place
 
 
@@ -22,16 +22,16 @@ def kernel(fmt: str) -> Kernel:
     return Kernel(name, "embed_rows", "embed.h", entry, 0)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "embed":
-        raise BuildError(f"the CPU embedding family does not implement {launch['op']}")
-    table, tokens = launch["args"]
-    out = launch["outs"][0]
-    fmt = ctx.weights[table["weight"]][0].upper()
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    if launch.op != "embed":
+        raise BuildError(f"the CPU embedding family does not implement {launch.op}")
+    table, tokens = launch.args
+    out = launch.outs[0]
+    fmt = ctx.weights[table.name][0].upper()
     vocab, k = ctx.shape(table)
     if fmt not in FORMATS:
-        raise BuildError(f"embed: table {table['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
+        raise BuildError(f"embed: table {table.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
     if k % BLOCK_VALUES[fmt]:
-        raise BuildError(f"embed: table {table['weight']} ({fmt}) has rows of {k}, not whole blocks")
-    return [Launch(kernel(fmt), (1,),
+        raise BuildError(f"embed: table {table.name} ({fmt}) has rows of {k}, not whole blocks")
+    return [KernelLaunch(kernel(fmt), (1,),
                    [in_place(table), tokens, out, scalar(ctx.shape(out)[0]), scalar(vocab), scalar(k)])]

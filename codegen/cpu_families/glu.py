@@ -3,10 +3,10 @@ activation in float64 as the twin computes it. Arguments (gate, up, out, rows, k
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 from .norm import out_format
 
 ACTS = {"silu": 0, "gelu_tanh": 1}
@@ -22,10 +22,10 @@ def kernel(act: str, fmt: str, k: int) -> Kernel:
     return Kernel(name, "glu_pack", "glu.h", entry, 0)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "glu_pack":
-        raise BuildError(f"glu: no CPU kernel for op {launch['op']}")
-    gate, up = launch["args"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    if launch.op != "glu_pack":
+        raise BuildError(f"glu: no CPU kernel for op {launch.op}")
+    gate, up = launch.args
     rows, k = ctx.shape(gate)
-    return [Launch(kernel(launch["attrs"]["act"], launch["attrs"]["format"], k), (1,),
-                   [gate, up, launch["outs"][0], scalar(rows), scalar(k)])]
+    return [KernelLaunch(kernel(launch.attrs["act"], launch.attrs["format"], k), (1,),
+                   [gate, up, launch.outs[0], scalar(rows), scalar(k)])]

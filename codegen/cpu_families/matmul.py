@@ -30,8 +30,9 @@ import numpy as np
 
 from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.plan_records import Launch, Weight
 
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
@@ -56,14 +57,14 @@ RELAYOUT = {"Q4_K": ("rows16", "lp_cpu::LP_FMT_Q4_K_R16", "q4_k_r16"),
             "Q6_K": ("rows16", "lp_cpu::LP_FMT_Q6_K_R16", "q6_k_r16")}
 
 
-def in_place(ref: dict[str, Any]) -> dict[str, Any]:
+def in_place(ref: Weight) -> Weight:
     """A weight read as the mapped file holds it."""
-    return {"weight": ref["weight"], "layout": "blocks"}
+    return Weight(ref.name, "blocks")
 
 
-def held(ref: dict[str, Any], fmt: str) -> dict[str, Any]:
+def held(ref: Weight, fmt: str) -> Weight:
     """A projection's weight as its kernel reads it: relaid out where RELAYOUT says, else in place."""
-    return {"weight": ref["weight"], "layout": RELAYOUT[fmt][0]} if fmt in RELAYOUT else in_place(ref)
+    return Weight(ref.name, RELAYOUT[fmt][0]) if fmt in RELAYOUT else in_place(ref)
 
 
 def weight_code(fmt: str) -> str:
@@ -76,14 +77,14 @@ def weight_token(fmt: str) -> str:
     return RELAYOUT[fmt][2] if fmt in RELAYOUT else fmt.lower()
 
 
-def check_weight(ctx: Context, ref: dict[str, Any], what: str = "matmul") -> tuple[str, int, int]:
+def check_weight(ctx: Context, ref: Weight, what: str = "matmul") -> tuple[str, int, int]:
     """(format, out rows, in) of a weight the kernels can read, else CpuMatmulError."""
-    fmt = ctx.weights[ref["weight"]][0].upper()
+    fmt = ctx.weights[ref.name][0].upper()
     n, k = ctx.shape(ref)
     if fmt not in FORMATS:
-        raise CpuMatmulError(f"{what}: weight {ref['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
+        raise CpuMatmulError(f"{what}: weight {ref.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
     if k % BLOCK_VALUES[fmt]:
-        raise CpuMatmulError(f"{what}: weight {ref['weight']} ({fmt}) has rows of {k}, not a multiple of "
+        raise CpuMatmulError(f"{what}: weight {ref.name} ({fmt}) has rows of {k}, not a multiple of "
                              f"{BLOCK_VALUES[fmt]}")
     return fmt, n, k
 
@@ -99,10 +100,10 @@ SCHEDULES = tuple(dict.fromkeys([_D, *((n, *_D[1:]) for n in TASK_ROWS), *((_D[0
 MEMBERS = tuple(member(*s) for s in SCHEDULES)
 
 
-def schedule(launch: dict[str, Any]) -> tuple[int, int, int]:
+def schedule(member: str) -> tuple[int, int, int]:
     """(weight rows per task, prefetch distance in tiles, activation rows a rows16 pass) of a launch's
     member; the defaults without one."""
-    m = re.fullmatch(r"t(\d+)(?:a(\d+))?(?:c(\d+))?", str(launch.get("member") or ""))
+    m = re.fullmatch(r"t(\d+)(?:a(\d+))?(?:c(\d+))?", member)
     if not m:
         return _D
     s = (int(m.group(1)), int(m.group(2) or DEFAULT_AHEAD), int(m.group(3) or DEFAULT_COLS))
@@ -111,7 +112,7 @@ def schedule(launch: dict[str, Any]) -> tuple[int, int, int]:
     return s
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     return list(MEMBERS)
 
 
@@ -171,11 +172,11 @@ def make_held(lib: Any, layout: str, blocks: np.ndarray, fmt: str, shape: tuple[
     return out
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op = launch["op"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op = launch.op
     if op not in OPS:
         raise CpuMatmulError(f"the CPU matmul family does not implement {op}")
-    args, outs = launch["args"], launch["outs"]
+    args, outs = launch.args, launch.outs
     x = args[0]
     residual = op == "matmul_residual"
     weights = args[1:2] if residual else args[1:]
@@ -186,11 +187,11 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     rows, k = ctx.shape(x)
     for (_, _, wk), w in zip(checked, weights):
         if wk != k:
-            raise CpuMatmulError(f"{op}: weight {w['weight']} has rows of {wk}, the activation {k}")
+            raise CpuMatmulError(f"{op}: weight {w.name} has rows of {wk}, the activation {k}")
     want = ACTIVATION_FORMAT[formats[0].lower()]
     if ctx.dtype(x) != want:
         raise CpuMatmulError(f"{op}: a {formats[0]} weight takes {want} activations, not {ctx.dtype(x)}")
     refs = [x, *(held(w, f) for w, f in zip(weights, formats)), *([args[2]] if residual else []), *outs]
-    return [Launch(kernel(formats, residual), (1,),
+    return [KernelLaunch(kernel(formats, residual), (1,),
                    refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked]
-                   + [scalar(v) for v in schedule(launch)])]
+                   + [scalar(v) for v in schedule(launch.member)])]

@@ -7,10 +7,10 @@ planes), f16, bf16, f32 values.
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 # fused.cuh's output format codes (LP_OUT_*)
 FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
@@ -25,15 +25,15 @@ def out_format(fmt: str, k: int, what: str) -> int:
     return FORMATS[fmt]
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    x, out = launch["args"][0], launch["outs"][0]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
+    x, out = launch.args[0], launch.outs[0]
     rows, k = ctx.shape(x)
     if op == "rmsnorm":
-        w = launch["args"][1]
+        w = launch.args[1]
         entry = ("LP_KERNEL void lp_cpu_rmsnorm_f32(const float* x, const float* w, float* y, int rows, int k, "
                  "int group, float eps) { lp_cpu::rmsnorm(x, w, y, rows, k, group, eps); }")
-        return [Launch(Kernel("lp_cpu_rmsnorm_f32", "rmsnorm", "norm.h", entry, 0), (1,),
+        return [KernelLaunch(Kernel("lp_cpu_rmsnorm_f32", "rmsnorm", "norm.h", entry, 0), (1,),
                        [x, w, out, scalar(rows), scalar(k), scalar(ctx.shape(w)[0]), scalar(a["eps"], "f32")])]
     fmt = a["format"]
     code = out_format(fmt, k, op)
@@ -41,11 +41,11 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         name = f"lp_cpu_rmsnorm_pack_{fmt}"
         entry = (f"LP_KERNEL void {name}(const float* x, const float* w, void* out, int rows, int k, float eps) "
                  f"{{ lp_cpu::rmsnorm_pack<{code}>(x, w, out, rows, k, eps); }}")
-        return [Launch(Kernel(name, "rmsnorm_pack", "norm.h", entry, 0), (1,),
-                       [x, launch["args"][1], out, scalar(rows), scalar(k), scalar(a["eps"], "f32")])]
+        return [KernelLaunch(Kernel(name, "rmsnorm_pack", "norm.h", entry, 0), (1,),
+                       [x, launch.args[1], out, scalar(rows), scalar(k), scalar(a["eps"], "f32")])]
     if op != "pack":
         raise BuildError(f"norm: no CPU kernel for op {op}")
     name = f"lp_cpu_pack_{fmt}"
     entry = (f"LP_KERNEL void {name}(const float* x, void* out, int rows, int k) "
              f"{{ lp_cpu::pack<{code}>(x, out, rows, k); }}")
-    return [Launch(Kernel(name, "pack", "norm.h", entry, 0), (1,), [x, out, scalar(rows), scalar(k)])]
+    return [KernelLaunch(Kernel(name, "pack", "norm.h", entry, 0), (1,), [x, out, scalar(rows), scalar(k)])]

@@ -10,11 +10,11 @@ symbols the runtime binds.
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
 from ..families.rope_kv import MODES, table_ref
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 
 def kernel(mode: str, norm: bool) -> Kernel:
@@ -36,26 +36,26 @@ def kernel(mode: str, norm: bool) -> Kernel:
     return Kernel(name, "rope_kv", "rope_kv.h", entry, 0)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
     if op not in ("rope_kv", "norm_rope_kv"):
         raise BuildError(f"rope_kv: no CPU kernel for op {op}")
-    q, k, v, pos, seq, pages, cache = launch["args"][:7]
-    extra = launch["args"][7:]
+    q, k, v, pos, seq, pages, cache = launch.args[:7]
+    extra = launch.args[7:]
     rows, width = ctx.shape(q)
     heads, kv_heads, dims = a["heads"], a["kv_heads"], a["dims"]
     d = width // heads
     if width % heads or dims % 2 or not 0 < dims <= d:
         raise BuildError(f"rope_kv: {heads} heads of {width} features cannot rotate {dims} dims")
     norm = op == "norm_rope_kv"
-    factors = None if norm or not extra else extra[0]["weight"]
+    factors = None if norm or not extra else extra[0].name
     args = [q, k, v, pos, seq, pages, cache, table_ref(a, factors)]
     if norm:
         if ctx.shape(extra[0])[0] != d or ctx.shape(extra[1])[0] != d:
             raise BuildError(f"norm_rope_kv: q/k norm weights must have head_dim {d} values")
         args += [extra[0], extra[1]]
-    args += [launch["outs"][0], scalar(rows), scalar(heads), scalar(kv_heads), scalar(d), scalar(dims),
+    args += [launch.outs[0], scalar(rows), scalar(heads), scalar(kv_heads), scalar(d), scalar(dims),
              scalar(a["layer"]), scalar("pages"), scalar("blocks")]
     if norm:
         args.append(scalar(a["eps"], "f32"))
-    return [Launch(kernel(a["mode"], norm), (1,), args)]
+    return [KernelLaunch(kernel(a["mode"], norm), (1,), args)]

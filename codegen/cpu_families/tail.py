@@ -8,11 +8,10 @@ reads too), out, rows, k, vocab, eps, task_rows, ahead, cols). Members: the matm
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.plan_records import Launch
 
-from ..kernel import Context, Kernel, Launch, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 from .matmul import CpuMatmulError, check_weight, held, schedule, weight_code, weight_token
 from .matmul import candidates as candidates  # the head is read as a projection weight: the same members
 from .norm import out_format
@@ -28,16 +27,16 @@ def kernel(fmt: str, k: int) -> Kernel:
     return Kernel(name, "tail_argmax", "tail.h", entry, 0)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "tail_argmax":
-        raise CpuMatmulError(f"the CPU tail family does not implement {launch['op']}")
-    x, norm, head = launch["args"]
-    a = launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    if launch.op != "tail_argmax":
+        raise CpuMatmulError(f"the CPU tail family does not implement {launch.op}")
+    x, norm, head = launch.args
+    a = launch.attrs
     fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
     act = ACTIVATION_FORMAT[fmt.lower()]
     if a["format"] != act:
         raise CpuMatmulError(f"tail_argmax: a {fmt} head takes {act} activations, the op packs {a['format']}")
     rows = ctx.shape(x)[0]
-    return [Launch(kernel(fmt, k), (1,), [x, norm, held(head, fmt), launch["outs"][0], scalar(rows), scalar(k),
+    return [KernelLaunch(kernel(fmt, k), (1,), [x, norm, held(head, fmt), launch.outs[0], scalar(rows), scalar(k),
                                           scalar(vocab), scalar(a["eps"], "f32"),
-                                          *(scalar(v) for v in schedule(launch))])]
+                                          *(scalar(v) for v in schedule(launch.member))])]

@@ -20,12 +20,11 @@ table's row length), `blocks` (the cache's), `rows` and `splits` are symbols the
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmplan.core.numerics import PAGE
+from llmplan.core.plan_records import Launch, grid_dim
 
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 OUT_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
 REDUCE_THREADS = 256
@@ -73,11 +72,11 @@ def reduce_kernel(fmt: str) -> Kernel:
     return Kernel(name, "attention_reduce", "attention_decode.cu", entry, REDUCE_THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
     if op == "attention_partial":
-        q, cache, seq, pages, pos = launch["args"]
-        part = launch["outs"][0]
+        q, cache, seq, pages, pos = launch.args
+        part = launch.outs[0]
         rows, heads, splits, width = ctx.shape(part)
         d, kv_heads = width - 2, a["kv_heads"]
         if heads != a["heads"] or heads % kv_heads or ctx.shape(q)[-1] != heads * d:
@@ -87,13 +86,13 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         grid = (grid_dim(splits), kv_heads, grid_dim(rows))
         args = [q, cache, seq, pages, pos, part, scalar(a["layer"]), scalar("pages"), scalar("blocks"),
                 scalar(kv_heads), scalar(splits), scalar(a["window"]), scalar(a["scale"], "f32")]
-        return [Launch(kernel, grid, args)]
+        return [KernelLaunch(kernel, grid, args)]
     if op in ("attention_reduce", "attention_reduce_pack"):
-        part, out = launch["args"][0], launch["outs"][0]
+        part, out = launch.args[0], launch.outs[0]
         rows, heads, splits, width = ctx.shape(part)
         d = width - 2
         fmt = a["format"] if op == "attention_reduce_pack" else "f32"
         kernel = reduce_kernel(fmt)
         grid = (grid_dim(heads * d, TILE), grid_dim(rows))
-        return [Launch(kernel, grid, [part, out, scalar(rows), scalar(heads), scalar(d), scalar(splits)])]
+        return [KernelLaunch(kernel, grid, [part, out, scalar(rows), scalar(heads), scalar(d), scalar(splits)])]
     raise BuildError(f"attention_decode: no kernel for op {op}")

@@ -7,7 +7,7 @@ pages[seq, p // PAGE], offset p % PAGE), query head h reading K/V head h // (hea
 rounded to f16, scores in f32 times scale, softmax weights rounded to f16 where they meet V. Online
 softmax (flash) differs from the twin's softmax over 256-position slices only in rounding order.
 
-Members (`launch["member"]`):
+Members (`launch.member`):
   flash  family "flash_attention", lp_attention_flash_d<D>: f16 matrix cores (mma.sync m16n8k16 on sm_80+,
       WMMA f16 16x16x16 on gfx11), expects "hmma". Head dims 64, 128, 256. A block serves one K/V head
       and BQ = 16 * NW query vectors (BQ // G rows x the G = heads / kv_heads query heads sharing it):
@@ -29,11 +29,10 @@ runs both products on matrix cores, and its waves skip tiles outside their rows'
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmplan.core.numerics import PAGE
+from llmplan.core.plan_records import Launch, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 SOURCE = "flash_attention.cu"
 FLASH = {64: (4, 64), 128: (4, 32), 256: (2, 16)}  # head dim -> (waves, K/V positions per tile)
@@ -95,10 +94,10 @@ def kernel(member: str, head_dim: int) -> Kernel:
     raise AttentionError(f"attention member {member!r} is not one of {', '.join(MEMBERS)}")
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     """The members for this launch's head dim and group, matrix cores first."""
-    a = launch["attrs"]
-    d = ctx.shape(launch["args"][0])[1] // a["heads"]
+    a = launch.attrs
+    d = ctx.shape(launch.args[0])[1] // a["heads"]
     return members(ctx.target, d, a["heads"] // a["kv_heads"])
 
 
@@ -109,19 +108,19 @@ def default_member(target, head_dim: int, group: int) -> str:
     return avail[0]
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "attention":
-        raise AttentionError(f"prefill attention: op {launch['op']!r} is not attention")
-    a = launch["attrs"]
-    q, cache, seq, pages, pos = launch["args"]
-    out = launch["outs"][0]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    if launch.op != "attention":
+        raise AttentionError(f"prefill attention: op {launch.op!r} is not attention")
+    a = launch.attrs
+    q, cache, seq, pages, pos = launch.args
+    out = launch.outs[0]
     rows, width = ctx.shape(q)
     heads, kv_heads = a["heads"], a["kv_heads"]
     if heads % kv_heads or width % heads:
         raise AttentionError(f"attention: heads {heads}/{kv_heads} do not fit a query of width {width}")
     d, group = width // heads, heads // kv_heads
-    member = launch.get("member")
-    if member is None or member == "numpy":
+    member = launch.member
+    if member in ("", "numpy"):
         member = default_member(ctx.target, d, group)
     if member not in MEMBERS:
         raise AttentionError(f"attention member {member!r} is not one of {', '.join(MEMBERS)}")
@@ -137,4 +136,4 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         grid = (grid_dim(rows, flash_rows_per_block(d, group)), kv_heads)
     else:
         grid = (grid_dim(rows), heads)
-    return [Launch(kern, grid, args)]
+    return [KernelLaunch(kern, grid, args)]

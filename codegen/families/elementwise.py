@@ -18,8 +18,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llmplan.core.plan_records import Launch, grid_dim
+
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 THREADS = 256
 OPS = {"add": 0, "mul": 1, "scale": 2, "silu": 3, "gelu_tanh": 4, "softcap": 5}
@@ -61,11 +63,11 @@ def _row(shape: tuple, what: str) -> tuple[Any, int]:
     return (shape[0] if len(shape) > 1 else 1), (k if rest else shape[0])
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    out = launch["outs"][0]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
+    out = launch.outs[0]
     if op == "take_rows":
-        x, rows = launch["args"]
+        x, rows = launch.args
         dtype = ctx.dtype(x)
         if dtype not in ELEMENT_BYTES:
             raise BuildError(f"take_rows: {dtype} rows are not gathered by a kernel (f32, i32, f16, bf16 only)")
@@ -73,17 +75,17 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         n = ctx.shape(out)[0]
         row_bytes = k * ELEMENT_BYTES[dtype]
         vb = next(b for b in (16, 4, 2, 1) if row_bytes % b == 0)
-        return [Launch(take_rows_kernel(vb), (grid_dim(row_bytes, THREADS * vb), grid_dim(n)),
+        return [KernelLaunch(take_rows_kernel(vb), (grid_dim(row_bytes, THREADS * vb), grid_dim(n)),
                        [x, rows, out, scalar(row_bytes)])]
     if op not in OPS:
         raise BuildError(f"elementwise: no kernel for op {op}")
-    x = launch["args"][0]
-    for ref in (*launch["args"], out):
+    x = launch.args[0]
+    for ref in (*launch.args, out):
         if ctx.dtype(ref) != "f32":
             raise BuildError(f"{op}: operands must be f32, got {ctx.dtype(ref)}")
     rows, k = _row(ctx.shape(x), op)
     vec = 4 if k % 4 == 0 else 1
-    args = [x] + ([launch["args"][1]] if op in BINARY else []) + [out, scalar(k)]
+    args = [x] + ([launch.args[1]] if op in BINARY else []) + [out, scalar(k)]
     if op in ATTR:
         args.append(scalar(a[ATTR[op]], "f32"))
-    return [Launch(kernel(op, vec), (grid_dim(k, THREADS * vec), grid_dim(rows)), args)]
+    return [KernelLaunch(kernel(op, vec), (grid_dim(k, THREADS * vec), grid_dim(rows)), args)]

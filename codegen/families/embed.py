@@ -10,9 +10,9 @@ then the table's row count (tokens outside it give NaN rows) and k.
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch, Weight, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
@@ -31,17 +31,17 @@ def kernel(fmt: str) -> Kernel:
     return Kernel(name, "embed_rows", "embed.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "embed":
-        raise EmbedError(f"the embedding family does not implement {launch['op']}")
-    table, tokens = launch["args"]
-    out = launch["outs"][0]
-    fmt = ctx.weights[table["weight"]][0].upper()
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    if launch.op != "embed":
+        raise EmbedError(f"the embedding family does not implement {launch.op}")
+    table, tokens = launch.args
+    out = launch.outs[0]
+    fmt = ctx.weights[table.name][0].upper()
     vocab, k = ctx.shape(table)
     if fmt not in FORMATS:
-        raise EmbedError(f"embed: table {table['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
+        raise EmbedError(f"embed: table {table.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
     if k % BLOCK_VALUES[fmt]:
-        raise EmbedError(f"embed: table {table['weight']} ({fmt}) has rows of {k}, not whole blocks")
+        raise EmbedError(f"embed: table {table.name} ({fmt}) has rows of {k}, not whole blocks")
     rows = ctx.shape(out)[0]
-    return [Launch(kernel(fmt), (grid_dim(rows),),
-                   [{"weight": table["weight"], "layout": "planar"}, tokens, out, scalar(vocab), scalar(k)])]
+    return [KernelLaunch(kernel(fmt), (grid_dim(rows),),
+                   [Weight(table.name, "planar"), tokens, out, scalar(vocab), scalar(k)])]

@@ -7,7 +7,7 @@ for matmul_segmented, up to three weights, each in its own format), the CPU twin
 (exact) scaled by the weight's and activation's block scales, weight mins through the activation's
 block sums. F16 weights (f16 activations) use f16 matrix cores with f32 accumulators.
 
-Members (`launch["member"]`, grammar `<kind>_<TR>x<TW>[_k<splits>]`):
+Members (`launch.member`, grammar `<kind>_<TR>x<TW>[_k<splits>]`):
   mma_128x128, mma_64x128, mma_64x64  family "gemm_mma": TR activation rows x TW weight rows per block on
       mma.sync m16n8k32 / m16n8k16 s8 (sm_80+) or WMMA iu8 16x16x16 (gfx11); F16 weights on f16 m16n8k16 /
       WMMA f16. expects "imma" ("hmma" for F16). gfx942 declares the family unsupported (no MFMA yet).
@@ -40,9 +40,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
+from llmplan.core.plan_records import Buf, Launch, Ref, Weight, grid_dim
+
+from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
 
 SOURCE = "gemm.cu"
 LAYOUT = "planar"
@@ -111,11 +112,11 @@ def members(target) -> list[str]:
     return [n for n, m in MEMBERS.items() if m.family not in target.unsupported]
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     """Every member the target builds, in the heuristic's order (largest tile first), each split over k
     until its blocks cover the device's multiprocessors once: a prefill chunk is short, so a 128x128 tile
     over a 4096-wide projection of 256 rows makes only 64 blocks for an H100's 132."""
-    x, weights = launch["args"][0], _weights(launch)
+    x, weights = launch.args[0], _weights(launch)
     rows, k = ctx.bound(ctx.shape(x)[0]), ctx.shape(x)[1]
     ns = [ctx.shape(w)[0] for w in weights]
     out = []
@@ -127,9 +128,9 @@ def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
     return out
 
 
-def _weights(launch: dict[str, Any]) -> list[dict[str, Any]]:
-    args = launch["args"]
-    return list(args[1:]) if launch["op"] == "matmul_segmented" else [args[1]]
+def _weights(launch: Launch) -> list[Weight]:
+    args = launch.args
+    return list(args[1:]) if launch.op == "matmul_segmented" else [args[1]]
 
 
 def default_member(target) -> str:
@@ -207,15 +208,15 @@ def fixup_kernel(segments: int, residual: bool) -> Kernel:
     return Kernel(name, "gemm_fixup", SOURCE, entry, FIXUP_THREADS)
 
 
-def _check_shapes(ctx: Context, x: dict[str, Any], weights: list[dict[str, Any]]) -> tuple[tuple[str, ...], int]:
+def _check_shapes(ctx: Context, x: Buf, weights: list[Weight]) -> tuple[tuple[str, ...], int]:
     formats = tuple(ctx.dtype(w) for w in weights)
     k = ctx.shape(x)[1]
     for w, f in zip(weights, formats):
         if f not in WEIGHT_FORMATS:
-            raise GemmError(f"gemm: weight {w['weight']} format {f} is not supported "
+            raise GemmError(f"gemm: weight {w.name} format {f} is not supported "
                             f"(supported: {', '.join(WEIGHT_FORMATS)})")
         if ctx.shape(w)[1] != k:
-            raise GemmError(f"gemm: weight {w['weight']} has {ctx.shape(w)[1]} inputs, the activation {k}")
+            raise GemmError(f"gemm: weight {w.name} has {ctx.shape(w)[1]} inputs, the activation {k}")
         block, act = WEIGHT_FORMATS[f][1], WEIGHT_FORMATS[f][4]
         if ctx.dtype(x) != act:
             raise GemmError(f"gemm: a {f} weight takes {act} activations, got {ctx.dtype(x)}")
@@ -224,42 +225,42 @@ def _check_shapes(ctx: Context, x: dict[str, Any], weights: list[dict[str, Any]]
     return formats, k
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op = launch["op"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op = launch.op
     if op not in OPS:
         raise GemmError(f"gemm: op {op!r} is not a projection")
-    member = launch.get("member")
-    if member is None or member == "numpy":
+    member = launch.member
+    if member in ("", "numpy"):
         member = default_member(ctx.target)
     m, splits = parse_member(member)
     if m.family in ctx.target.unsupported:
         raise GemmError(f"gemm member {m.name} has no kernel for {ctx.target.name}: "
                         f"{ctx.target.unsupported[m.family]}")
-    args_in = launch["args"]
+    args_in = launch.args
     x = args_in[0]
     residual = op == "matmul_residual"
     weights = _weights(launch)
-    outs = list(launch["outs"])
+    outs = list(launch.outs)
     formats, k = _check_shapes(ctx, x, weights)
     rows = ctx.shape(x)[0]
     ns = [ctx.shape(w)[0] for w in weights]
     split = splits > 1
     kern = kernel(m, formats, residual, split)
-    args: list[dict[str, Any]] = [x, scalar(rows), scalar(k)]
+    args: list[Ref] = [x, scalar(rows), scalar(k)]
     for w, n, o in zip(weights, ns, outs):
-        args += [{"weight": w["weight"], "layout": LAYOUT}, scalar(n), o]
+        args += [Weight(w.name, LAYOUT), scalar(n), o]
     if residual:
         args.append(args_in[2])
     grid = (sum(grid_dim(n, m.cols) for n in ns), grid_dim(rows, m.rows), splits)
     if not split:
-        return [Launch(kern, grid, args)]
+        return [KernelLaunch(kern, grid, args)]
     ws = scratch("gemm_splitk", "f32", [splits, rows, sum(ns)])
     args += [ws, scalar(splits)]
-    fix_args: list[dict[str, Any]] = [ws, scalar(splits), scalar(rows)]
+    fix_args: list[Ref] = [ws, scalar(splits), scalar(rows)]
     for n, o in zip(ns, outs):
         fix_args += [o, scalar(n)]
     if residual:
         fix_args.append(args_in[2])
     fix = fixup_kernel(len(weights), residual)
-    return [Launch(kern, grid, args),
-            Launch(fix, (grid_dim(sum(ns), FIXUP_THREADS), grid_dim(rows)), fix_args)]
+    return [KernelLaunch(kern, grid, args),
+            KernelLaunch(fix, (grid_dim(sum(ns), FIXUP_THREADS), grid_dim(rows)), fix_args)]

@@ -12,10 +12,10 @@ depends on it, as in norm.py).
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch, grid_dim
 
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 THREADS = 64
 TILE = 512  # values per block: whole q8_0 / q8_1 / q8_k blocks; q8_k: one 256-block per 32-thread group
@@ -35,15 +35,15 @@ def kernel(act: str, fmt: str) -> Kernel:
     return Kernel(name, "glu_pack", "glu.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
     if op != "glu_pack":
         raise BuildError(f"glu: no kernel for op {op}")
-    gate, up = launch["args"]
-    out = launch["outs"][0]
+    gate, up = launch.args
+    out = launch.outs[0]
     rows, k = ctx.shape(gate)
     fmt = a["format"]
     if fmt in BLOCK and k % BLOCK[fmt]:
         raise BuildError(f"glu_pack: rows of {k} values are not whole {fmt} blocks")
-    return [Launch(kernel(a["act"], fmt), (grid_dim(k, TILE), grid_dim(rows)),
+    return [KernelLaunch(kernel(a["act"], fmt), (grid_dim(k, TILE), grid_dim(rows)),
                    [gate, up, out, scalar(rows), scalar(k)])]

@@ -24,8 +24,9 @@ import re
 from typing import Any
 
 from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.plan_records import Launch, Weight, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 # weight formats the kernels read, and the activation format each takes (ir/ops.py ACTIVATION_FORMAT)
 FORMATS = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
@@ -41,34 +42,34 @@ class MatvecError(ValueError):
     """A launch this family cannot serve (format, shape); the message names the weight."""
 
 
-def planar(ref: dict[str, Any]) -> dict[str, Any]:
+def planar(ref: Weight) -> Weight:
     """The reference to the planar relayout of a weight (core/formats.planes)."""
-    return {"weight": ref["weight"], "layout": "planar"}
+    return Weight(ref.name, "planar")
 
 
-def check_weight(ctx: Context, ref: dict[str, Any], what: str = "mat-vec") -> tuple[str, int, int]:
+def check_weight(ctx: Context, ref: Weight, what: str = "mat-vec") -> tuple[str, int, int]:
     """(format, out rows, in) of a weight the kernels can read, else MatvecError."""
-    fmt = ctx.weights[ref["weight"]][0].upper()
+    fmt = ctx.weights[ref.name][0].upper()
     n, k = ctx.shape(ref)
     if fmt not in FORMATS:
-        raise MatvecError(f"{what}: weight {ref['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
+        raise MatvecError(f"{what}: weight {ref.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
     if k % BLOCK_VALUES[fmt]:
-        raise MatvecError(f"{what}: weight {ref['weight']} ({fmt}) has rows of {k}, not a multiple of "
+        raise MatvecError(f"{what}: weight {ref.name} ({fmt}) has rows of {k}, not a multiple of "
                           f"{BLOCK_VALUES[fmt]}")
     return fmt, n, k
 
 
-def columns(launch: dict[str, Any], rows: int | str) -> int:
+def columns(member: str, rows: int | str) -> int:
     """C, the activation columns one pass serves: the member's, else as the module docstring says."""
-    m = re.fullmatch(r"c([1-8])", str(launch.get("member", "")))
+    m = re.fullmatch(r"c([1-8])", member)
     if m:
         return int(m.group(1))
     return max(1, min(rows, MAX_COLUMNS)) if isinstance(rows, int) else MAX_COLUMNS
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     """One pass over the weights serves every row the phase can have (up to MAX_COLUMNS)."""
-    return [f"c{max(1, min(ctx.bound(ctx.shape(launch['args'][0])[0]), MAX_COLUMNS))}"]
+    return [f"c{max(1, min(ctx.bound(ctx.shape(launch.args[0])[0]), MAX_COLUMNS))}"]
 
 
 def launch_bounds(threads: int, target: Any) -> str:
@@ -105,11 +106,11 @@ def kernel(formats: list[str], residual: bool, c: int, target: Any) -> Kernel:
                   ("dot4", "load128") if quantized else ("load128",))
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op = launch["op"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op = launch.op
     if op not in OPS:
         raise MatvecError(f"the mat-vec family does not implement {op}")
-    args, outs = launch["args"], launch["outs"]
+    args, outs = launch.args, launch.outs
     x = args[0]
     residual = op == "matmul_residual"
     weights = args[1:2] if residual else args[1:]
@@ -120,13 +121,13 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     rows, k = ctx.shape(x)
     for (fmt, _, wk), w in zip(checked, weights):
         if wk != k:
-            raise MatvecError(f"{op}: weight {w['weight']} has rows of {wk}, the activation {k}")
+            raise MatvecError(f"{op}: weight {w.name} has rows of {wk}, the activation {k}")
     want = ACTIVATION_FORMAT[formats[0].lower()]
     if ctx.dtype(x) != want:
         raise MatvecError(f"{op}: a {formats[0]} weight takes {want} activations, not {ctx.dtype(x)}")
-    c = columns(launch, rows)
+    c = columns(launch.member, rows)
     kern = kernel(formats, residual, c, ctx.target)
     total = sum(n for _, n, _ in checked)
     refs = [x, *(planar(w) for w in weights), *([args[2]] if residual else []), *outs]
-    return [Launch(kern, (grid_dim(total, WAVES), grid_dim(rows, c)),
+    return [KernelLaunch(kern, (grid_dim(total, WAVES), grid_dim(rows, c)),
                    refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked])]

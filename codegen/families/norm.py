@@ -2,36 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 PACK_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2}
 THREADS = 256
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    x, out = launch["args"][0], launch["outs"][0]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
+    x, out = launch.args[0], launch.outs[0]
     rows, k = ctx.shape(x)
     grid = (grid_dim(rows),)
     if op == "rmsnorm":
-        w = launch["args"][1]
+        w = launch.args[1]
         name = "lp_rmsnorm_f32"
         entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, const float* w, float* y, "
                  "int k, int group, float eps) { lp_rmsnorm(x, w, y, k, group, eps); }")
-        return [Launch(Kernel(name, "rmsnorm", "norm.cu", entry, THREADS), grid,
+        return [KernelLaunch(Kernel(name, "rmsnorm", "norm.cu", entry, THREADS), grid,
                        [x, w, out, scalar(k), scalar(ctx.shape(w)[0]), scalar(a["eps"], "f32")])]
     fmt = a["format"]
     code = PACK_FORMATS[fmt]
     if op == "rmsnorm_pack":
-        w = launch["args"][1]
+        w = launch.args[1]
         name = f"lp_rmsnorm_pack_{fmt}"
         entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, const float* w, void* out, "
                  f"int rows, int k, float eps) {{ lp_rmsnorm_pack<{code}>(x, w, out, rows, k, eps); }}")
-        return [Launch(Kernel(name, "rmsnorm_pack", "norm.cu", entry, THREADS), grid,
+        return [KernelLaunch(Kernel(name, "rmsnorm_pack", "norm.cu", entry, THREADS), grid,
                        [x, w, out, scalar(rows), scalar(k), scalar(a["eps"], "f32")])]
     name = f"lp_pack_{fmt}"
     entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, void* out, int rows, int k) "
              f"{{ lp_pack<{code}>(x, out, rows, k); }}")
-    return [Launch(Kernel(name, "pack", "norm.cu", entry, THREADS), grid, [x, out, scalar(rows), scalar(k)])]
+    return [KernelLaunch(Kernel(name, "pack", "norm.cu", entry, THREADS), grid, [x, out, scalar(rows), scalar(k)])]

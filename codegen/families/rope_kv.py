@@ -38,8 +38,10 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.core.plan_records import Launch, RopeTable, grid_dim
+
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 THREADS = 64
 MODES = {"norm": 0, "neox": 1}
@@ -59,9 +61,8 @@ def rope_f32(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, mode: str, t
     return out.reshape(x.shape)
 
 
-def table_ref(attrs: dict[str, Any], factors: str | None) -> dict[str, Any]:
-    return {"rope_table": {"base": attrs["base"], "scale": attrs["scale"], "dims": attrs["dims"],
-                           "factors": factors, "positions": "ctx"}}
+def table_ref(attrs: dict[str, Any], factors: str | None) -> RopeTable:
+    return RopeTable(attrs["base"], attrs["scale"], attrs["dims"], factors, "ctx")
 
 
 def kernel(mode: str, norm: bool) -> Kernel:
@@ -83,20 +84,20 @@ def kernel(mode: str, norm: bool) -> Kernel:
     return Kernel(name, "rope_kv", "rope_kv.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    op, a = launch.op, launch.attrs
     if op not in ("rope_kv", "norm_rope_kv"):
         raise BuildError(f"rope_kv: no kernel for op {op}")
-    q, k, v, pos, seq, pages, cache = launch["args"][:7]
-    extra = launch["args"][7:]
-    q_out = launch["outs"][0]
+    q, k, v, pos, seq, pages, cache = launch.args[:7]
+    extra = launch.args[7:]
+    q_out = launch.outs[0]
     rows, width = ctx.shape(q)
     heads, kv_heads, dims = a["heads"], a["kv_heads"], a["dims"]
     d = width // heads
     if width % heads or dims % 2 or not 0 < dims <= d:
         raise BuildError(f"rope_kv: {heads} heads of {width} features cannot rotate {dims} dims")
     norm = op == "norm_rope_kv"
-    factors = None if norm or not extra else extra[0]["weight"]
+    factors = None if norm or not extra else extra[0].name
     args = [q, k, v, pos, seq, pages, cache, table_ref(a, factors)]
     if norm:
         if ctx.shape(extra[0])[0] != d or ctx.shape(extra[1])[0] != d:
@@ -106,4 +107,4 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
              scalar("blocks")]
     if norm:
         args.append(scalar(a["eps"], "f32"))
-    return [Launch(kernel(a["mode"], norm), (heads + kv_heads, grid_dim(rows)), args)]
+    return [KernelLaunch(kernel(a["mode"], norm), (heads + kv_heads, grid_dim(rows)), args)]

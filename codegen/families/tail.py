@@ -25,8 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.plan_records import Launch, Weight, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
+from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
 from .matvec import MatvecError, check_weight, columns, launch_bounds
 from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
 
@@ -61,26 +62,26 @@ def reduce_kernel() -> Kernel:
     return Kernel(REDUCE, "tail_argmax", "tail.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "tail_argmax":
-        raise MatvecError(f"the tail family does not implement {launch['op']}")
-    x, norm, head = launch["args"]
-    out = launch["outs"][0]
-    a = launch["attrs"]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    if launch.op != "tail_argmax":
+        raise MatvecError(f"the tail family does not implement {launch.op}")
+    x, norm, head = launch.args
+    out = launch.outs[0]
+    a = launch.attrs
     fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
     act = ACTIVATION_FORMAT[fmt.lower()]
     if a["format"] != act:
         raise MatvecError(f"tail_argmax: a {fmt} head takes {act} activations, the op packs {a['format']}")
     rows = ctx.shape(x)[0]
-    c = columns(launch, rows)
+    c = columns(launch.member, rows)
     blocks = -(-vocab // SLICE)
     packed = scratch("tail_argmax.x", act, [rows, k])
     part = scratch("tail_argmax.part", "f32", [rows, blocks, 2])
     return [
-        Launch(pack_kernel(act), (grid_dim(rows),),
+        KernelLaunch(pack_kernel(act), (grid_dim(rows),),
                [x, norm, packed, scalar(rows), scalar(k), scalar(a["eps"], "f32")]),
-        Launch(logits_kernel(fmt, c, ctx.target), (blocks, grid_dim(rows, c)),
-               [packed, {"weight": head["weight"], "layout": "planar"}, part, scalar(rows), scalar(k), scalar(vocab),
+        KernelLaunch(logits_kernel(fmt, c, ctx.target), (blocks, grid_dim(rows, c)),
+               [packed, Weight(head.name, "planar"), part, scalar(rows), scalar(k), scalar(vocab),
                 scalar(SLICE)]),
-        Launch(reduce_kernel(), (grid_dim(rows),), [part, out, scalar(blocks)]),
+        KernelLaunch(reduce_kernel(), (grid_dim(rows),), [part, out, scalar(blocks)]),
     ]
