@@ -37,11 +37,11 @@ from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (script
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
 from llmplan.codegen.host import build_library  # noqa: E402
+from llmplan.commands import llama_cpp  # noqa: E402
 from llmplan.commands.inspect import summarize  # noqa: E402
 from llmplan.core import layouts  # noqa: E402
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, planes  # noqa: E402
 from llmplan.models.model import open_model  # noqa: E402
-from llmplan.plans import llama_cpp  # noqa: E402
 
 _STREAM = r"""
 #include <stddef.h>
