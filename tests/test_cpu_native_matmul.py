@@ -323,7 +323,7 @@ def test_the_amx_path_compiles_to_tile_instructions():
     """Every machine compiles the amx path (clang's -mamx-tile -mamx-int8): its rows16 kernels configure
     the tiles, load them, take TDPBSUD and release them."""
     source = cpu_build.render([matmul.kernel([f], False) for f in sorted(matmul.RELAYOUT)])
-    asm = subprocess.run([toolchain.clang(), *cpu_build.FLAGS, *cpu_build.ISAS["amx"], "-S", "-x", "c++", "-o", "-", "-"],
-                         input=source, capture_output=True, text=True, check=True).stdout
+    command = [toolchain.clang(), *cpu_build.FLAGS, *cpu_build.ISAS["amx"], "-S", "-x", "c++", "-o", "-", "-"]
+    asm = subprocess.run(command, input=source, capture_output=True, text=True, check=True).stdout
     for instruction in ("ldtilecfg", "tileloadd", "tdpbsud", "tilestored", "tilerelease"):
         assert f"\t{instruction}" in asm, instruction
