@@ -543,8 +543,8 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 #endif
 
 // Rows16 records (rows16.h): weight rows [r0, r1) (r0 a multiple of 16) against every activation row.
-// Tiles of a record's rows x CT activation rows: one row (decode) takes its four 64-value groups in
-// flight; more take `cols` rows a pass (the tune store's decision; 0: CT_R16, at most CT_R16_MAX), one
+// Tiles of a record's rows x CT activation rows: one row (decode) keeps 4 independent sums per
+// sub-block (rows16.h r16_tile); more take `cols` rows a pass (the tune store's decision; 0: CT_R16, at most CT_R16_MAX), one
 // group at a time. Each lane's steps are the same at any width, so the width never changes a bit. A
 // task's records are one stream: no prefetch.
 #if LP_CPU_ISA >= 2
