@@ -4,8 +4,9 @@ by codegen/host.py into a cached shared library, and called through ctypes.
 The translation unit inlines codegen/cpu/<source> and what it includes: codegen/cpu/ headers, and the
 GPU kernels' shared headers (codegen/kernels/common.cuh, quant.cuh, fused.cuh) with codegen/cpu/host.h
 standing for vendor.h, so block layouts and scale unpacking have one source for every target. The SIMD
-path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2` and `avx512` where the
-host has them (host_isas); best_isa() is what a plan for this machine uses.
+path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2`, `avx512` and `amx` where
+the host has them (host_isas: the CPU's flags, and for amx the kernel's permission to use the tiles);
+best_isa() is what a plan for this machine uses.
 
 CpuLibrary(source, params, isa) loads a translation unit: a plan's own (the runtime's cpu driver), or
 one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims)
@@ -44,10 +45,16 @@ ISAS = {
     "avx2": ["-DLP_CPU_ISA=1", "-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-DLP_CPU_ISA=2", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512vnni"],
+    "amx": ["-DLP_CPU_ISA=3", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+            "-mamx-tile", "-mamx-int8"],
 }
 # /proc/cpuinfo flags each path needs (the kernel lists only what the OS has enabled)
 _NEEDS = {"scalar": (), "avx2": ("avx2", "fma", "f16c"),
-          "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")}
+          "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+          "amx": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8")}
+# Linux lets a process use the AMX tile registers only once it has asked (arch_prctl ARCH_REQ_XCOMP_PERM
+# for XFEATURE_XTILEDATA): the grant is the process's, for every thread, present and future
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 _SCALARS = {"int": (ctypes.c_int, "i32"), "float": (ctypes.c_float, "f32")}
 _WORD = (1 << 64) - 1  # an argument as graph.h's 64-bit word (negative ints in two's complement)
 
@@ -63,7 +70,14 @@ def host_isas() -> tuple[str, ...]:
             flags = set(m.group(1).split()) if m else set()
         except OSError:
             flags = set()
-    return tuple(isa for isa, need in _NEEDS.items() if all(f in flags for f in need))
+    return tuple(isa for isa, need in _NEEDS.items()
+                 if all(f in flags for f in need) and (isa != "amx" or _amx_permitted()))
+
+
+def _amx_permitted() -> bool:
+    """Whether the kernel grants this process the AMX tile data (asking it once: the grant then holds)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
 
 
 def best_isa() -> str:

@@ -95,9 +95,11 @@ def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
         lo, hi = _chunks(q & np.uint8(15)), q >> np.uint8(4)
         top = hi.reshape(groups, nsb, ROWS16, 2, 4, 8, 4)  # (.., row, G, i, t, byte): value 128G + 32i + 4t + byte
         top = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1, 1)).sum(axis=-3, dtype=np.uint8)
-        parts = [flat(b["d"], 32), flat(by_row(b["scales"].reshape(-1, 16)), 256),
-                 flat(lo[..., 0, :, :, :] | lo[..., 1, :, :, :] << np.uint8(4), 2048),
-                 flat(np.moveaxis(top, -4, -2), 1024)]  # (G, t, row, byte)
+        ql = flat(lo[..., 0, :, :, :] | lo[..., 1, :, :, :] << np.uint8(4), 2048).reshape(groups, nsb, 4, 8, 64)
+        qh = flat(np.moveaxis(top, -4, -2), 1024).reshape(groups, nsb, 2, 8, 64)  # (G, t, row x byte)
+        parts = [flat(b["d"], 32), flat(by_row(b["scales"].reshape(-1, 16)), 256)]
+        for G in range(2):  # group 2G's low bits interleaved with G's high bits, then group 2G + 1's
+            parts += [flat(np.stack([ql[:, :, 2 * G], qh[:, :, G]], axis=-2), 1024), flat(ql[:, :, 2 * G + 1], 512)]
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 
@@ -135,7 +137,7 @@ LAYOUTS: dict[str, Layout] = {
     "blocks": Layout("blocks", 1, False, _file_bytes, lambda raw, fmt, shape, consumed: raw,
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
-    "rows16": Layout("rows16", 1, True, _rows16_bytes, _rows16,
+    "rows16": Layout("rows16", 2, True, _rows16_bytes, _rows16,
                      "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
                      "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import hashlib
 import os
 import platform
 import time
@@ -288,7 +289,10 @@ def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:
 
 
 def _cache_stem(model: Model, device: DeviceFacts) -> str:
+    """The model, the device and the weight layouts' versions: a plan whose layouts this runtime no longer
+    makes is compiled again, not refused."""
     fp = model_fingerprint(model.file)
+    versions = "".join(f"{name}{lay.version}" for name, lay in sorted(LAYOUTS.items()))
     return (f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}."
-            f"{device.key.replace(':', '_')}")
+            f"{device.key.replace(':', '_')}.{hashlib.sha256(versions.encode()).hexdigest()[:8]}")
 

@@ -146,6 +146,16 @@ def kernel_in_place(fmt: str) -> Kernel:
     return Kernel(name, k.family, k.source, k.entry.replace(k.name, name).replace(weight_code(fmt), f"LP_FMT_{fmt}"), 0)
 
 
+def kernel_tile_twin(fmt: str) -> Kernel:
+    """The one-weight projection kernel of a RELAYOUT format on the tile engine's scalar twin (codegen/cpu/
+    tiles.h: the amx path's code with the tile instructions computed in memory), on every path and row
+    count: what the tests hold the amx path's arithmetic to where no AMX is."""
+    k = kernel([fmt], False)
+    name = k.name.replace(weight_token(fmt), f"{weight_token(fmt)}_tile_twin")
+    entry = k.entry.replace(k.name, name).replace(", 1, false>(", ", 1, false, lp_cpu::R16_TWIN>(")
+    return Kernel(name, k.family, k.source, entry, 0)
+
+
 def relayout(fmt: str) -> Kernel:
     """The entry point that makes a RELAYOUT weight's records at load from the file's blocks, row groups
     [g0, g1) a call (codegen/cpu/rows16.h r16_make_groups): the runtime's cpu driver calls it, where
