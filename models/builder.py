@@ -1,4 +1,5 @@
-"""The synthetic-model builder: valid GGUF files with random weights for any llama or gemma3 shape.
+"""The synthetic-model builder: valid GGUF files with random weights for any shape of the supported
+architectures.
 
 Key and tensor names, tensor order and per-tensor formats are llama.cpp's, so llama.cpp loads the
 files. Small models get normally distributed weights quantized with our quantizers; big ones get
@@ -26,13 +27,14 @@ from llmplan.core.errors import InputError
 from llmplan.core.formats import Format, format_of
 from .gguf import GGUFFile, MetaValue
 from .gguf_write import GGUFWriter
-from .model import expected_tensors
 from .presets import PRESETS, preset_config
 from .quantize import quantize, random_blocks
 from .recipes import file_type, tensor_formats
 from .synth_vocab import tokenizer_metadata
+from .tensor_table import expected_tensors
 
 WEIGHT_STD = 0.02
+BIAS_STD = 0.3  # about the spread of a projection's outputs (WEIGHT_STD * sqrt(dim) for dim 256), so biases matter
 FLOAT_WEIGHTS_MAX_PARAMS = 64_000_000  # above this, draw quantized blocks directly
 _CHUNK_BYTES = 32 << 20
 QUANTIZATION_VERSION = 2
@@ -85,6 +87,10 @@ class Build:
 def _vector(name: str, n: int, c: ModelConfig, rng: np.random.Generator) -> np.ndarray:
     if name == "rope_freqs.weight":
         return llama31_rope_factors(c.head_dim, c.rope_base)
+    if name.startswith("rope_factors_"):
+        return longrope_factors(n, long=name == "rope_factors_long.weight")
+    if name.endswith(".bias"):
+        return (BIAS_STD * rng.standard_normal(n)).astype(np.float32)
     # norm weights hover around 1 (Gemma stores them with the +1 already folded in, as llama.cpp expects)
     return (1.0 + 0.1 * rng.standard_normal(n)).astype(np.float32)
 
@@ -105,6 +111,13 @@ def llama31_rope_factors(head_dim: int, base: float, factor: float = 8.0, low: f
             smooth = (original_context / wavelen - low) / (high - low)
             out.append(1 / ((1 - smooth) / factor + smooth))
     return np.array(out, np.float32)
+
+
+def longrope_factors(n: int, long: bool) -> np.ndarray:
+    """LongRoPE divisors for the n rotary frequencies, shaped like Phi-3.5-mini's: the short ones near 1,
+    the long ones rising from 1 at the highest frequency to about 50 at the lowest (stretched most)."""
+    ramp = np.arange(n, dtype=np.float32) / max(n - 1, 1)
+    return (1.0 + 49.0 * ramp**2 if long else 1.0 + 0.1 * ramp).astype(np.float32)
 
 
 def _vocab_from(path: str) -> list[tuple[str, MetaValue]]:
