@@ -122,14 +122,16 @@ def test_layouts_name_what_llama_cpp_loads():
 
 
 def test_architecture_traits():
-    modes = {p: preset_config(p).rope_mode for p in ("tiny-llama", "tiny-gemma3", "tiny-qwen2", "tiny-qwen3", "tiny-phi3")}
+    presets = ("tiny-llama", "tiny-gemma3", "tiny-qwen2", "tiny-qwen3", "tiny-phi3")
+    modes = {p: preset_config(p).rope_mode for p in presets}
     assert modes == {"tiny-llama": "norm", "tiny-gemma3": "neox", "tiny-qwen2": "neox", "tiny-qwen3": "neox",
                      "tiny-phi3": "neox"}
     q3, phi = preset_config("tiny-qwen3"), preset_config("tiny-phi3")
     assert q3.qk_norm and (q3.head_dim, q3.q_dim, q3.dim) == (128, 512, 256)
     assert phi.fused_gate_up and phi.fused_qkv and phi.longrope and (phi.rope_dims, phi.head_dim) == (96, 128)
     nemo = preset_config("mistral-nemo")
-    assert (nemo.q_dim, nemo.dim, nemo.rope_mode, nemo.rope_freqs, nemo.tied_output) == (4096, 5120, "norm", False, False)
+    assert (nemo.q_dim, nemo.dim, nemo.rope_mode, nemo.rope_freqs, nemo.tied_output) == \
+        (4096, 5120, "norm", False, False)
 
 
 def test_longrope_factors_by_context():
@@ -165,21 +167,23 @@ def test_llama_cpp_defaults(tmp_path, built):
     path = rewrite(built["tiny-phi3"], tmp_path / "p.gguf",
                    drop_meta=("phi3.rope.scaling.attn_factor", "phi3.rope.scaling.original_context_length"))
     c = config_from_gguf(GGUFFile(path))
-    assert (c.rope_original_context, c.rope_attn_factor, c.rope_factors(4096)) == (4096, 1.0, "rope_factors_short.weight")
-    path = rewrite(built["tiny-phi3"], tmp_path / "z.gguf", set_meta={"phi3.rope.scaling.original_context_length": u32(0)})
+    assert (c.rope_original_context, c.rope_attn_factor, c.rope_factors(4096)) == \
+        (4096, 1.0, "rope_factors_short.weight")
+    path = rewrite(built["tiny-phi3"], tmp_path / "z.gguf",
+                   set_meta={"phi3.rope.scaling.original_context_length": u32(0)})
     assert config_from_gguf(GGUFFile(path)).rope_original_context == 4096
-    path = rewrite(built["tiny-qwen2"], tmp_path / "n.gguf", set_meta={
-        "qwen2.rope.scaling.type": MetaValue(V.STRING, "none"), "qwen2.rope.scaling.factor": MetaValue(V.FLOAT32, 4.0)})
-    assert config_from_gguf(GGUFFile(path)).rope_scale == 1.0
-    path = rewrite(built["tiny-qwen2"], tmp_path / "l.gguf", set_meta={
-        "qwen2.rope.scaling.type": MetaValue(V.STRING, "linear"), "qwen2.rope.scaling.factor": MetaValue(V.FLOAT32, 4.0)})
-    assert config_from_gguf(GGUFFile(path)).rope_scale == 0.25
+    for kind, scale in (("none", 1.0), ("linear", 0.25)):
+        path = rewrite(built["tiny-qwen2"], tmp_path / f"{kind}.gguf", set_meta={
+            "qwen2.rope.scaling.type": MetaValue(V.STRING, kind),
+            "qwen2.rope.scaling.factor": MetaValue(V.FLOAT32, 4.0)})
+        assert config_from_gguf(GGUFFile(path)).rope_scale == scale
 
 
 BAD = [
     ("tiny-qwen2", {"qwen2.attention.key_length": u32(128), "qwen2.attention.value_length": u32(128)},
      "qwen2.attention.key_length 128 times head_count 6 must equal embedding_length 384"),
-    ("tiny-qwen3", {"qwen3.rope.dimension_count": u32(64)}, "qwen3.rope.dimension_count 64 must equal the head size 128"),
+    ("tiny-qwen3", {"qwen3.rope.dimension_count": u32(64)},
+     "qwen3.rope.dimension_count 64 must equal the head size 128"),
     ("tiny-qwen3", {"qwen3.attention.value_length": u32(64)}, "value_length 64 differs from key_length 128"),
     ("tiny-phi3", {"phi3.rope.dimension_count": u32(160)},
      "phi3.rope.dimension_count 160 must be even and within the head size 128"),
@@ -190,7 +194,8 @@ BAD = [
      "phi3.rope.scaling.original_context_length must be an integer, is STRING"),
     ("tiny-phi3", {"phi3.rope.scaling.type": MetaValue(V.STRING, "longrope")},
      "phi3.rope.scaling.type 'longrope' is not supported"),
-    ("tiny-mistral", {"llama.rope.dimension_count": u32(64)}, "llama.rope.dimension_count 64 must equal the head size 128"),
+    ("tiny-mistral", {"llama.rope.dimension_count": u32(64)},
+     "llama.rope.dimension_count 64 must equal the head size 128"),
 ]
 
 
@@ -205,14 +210,15 @@ def test_missing_key_length_is_a_shape_error(tmp_path, built):
     """Without key_length qwen3's head size falls back to dim / heads (64), which the q/k norms disagree with."""
     path = rewrite(built["tiny-qwen3"], tmp_path / "bad.gguf",
                    drop_meta=("qwen3.attention.key_length", "qwen3.attention.value_length"))
-    with pytest.raises(ConfigError, match=r"tensor blk.0.attn_k.weight has shape \(256, 256\), the config implies \(256, 128\)"):
+    with pytest.raises(ConfigError, match=r"attn_k.weight has shape \(256, 256\), the config implies \(256, 128\)"):
         open_model(path)
 
 
 def test_tensors_an_architecture_does_not_take(tmp_path, built):
     """A file whose tensors disagree with its architecture names the tensor."""
     cases = [
-        ("tiny-qwen2", {"drop_tensors": ("blk.1.attn_v.bias",)}, r"missing tensor blk.1.attn_v.bias \(shape \(128,\)\)"),
+        ("tiny-qwen2", {"drop_tensors": ("blk.1.attn_v.bias",)},
+         r"missing tensor blk.1.attn_v.bias \(shape \(128,\)\)"),
         ("tiny-qwen3", {"drop_tensors": ("blk.0.attn_q_norm.weight",)}, "missing tensor blk.0.attn_q_norm.weight"),
         ("tiny-phi3", {"drop_tensors": ("rope_factors_short.weight",)}, "missing tensor rope_factors_short.weight"),
         ("tiny-phi3", {"add_tensors": {"blk.0.attn_q.bias": ("output_norm.weight", (256,))}},
@@ -260,3 +266,29 @@ def test_make_model_dry_run(cli, tmp_path, preset):
     assert out.startswith(f"would write {tmp_path / 'm.gguf'}: {preset} Q4_K_M, ")
     assert f"{len(expected_tensors(preset_config(preset)))} tensors" in out
     assert "format  tensors" in out and "F32" in out and "Q4_K" in out
+
+
+def test_fan_in_weights(tmp_path):
+    """weights="fan-in" draws as the reference fixtures are drawn: std gain / sqrt(row length) per role
+    (attn_qkv's rows by the projection they belong to), biases at their projection's output spread (v's a
+    tenth), and a tied table at 1 / sqrt(dim) with the head's gain in output_norm."""
+    def stds(preset, **overrides):
+        path = tmp_path / f"{preset}.gguf"
+        plan_build(path, preset, "F32", weights="fan-in", overrides=overrides).write(progress=False)
+        m = open_model(path)
+        return m, lambda name: float(m.dequantize(name).std())
+
+    m, std = stds("tiny-qwen2")  # dim 384, tied
+    assert std("blk.0.attn_q.weight") == pytest.approx(1.5 / math.sqrt(384), rel=0.02)
+    assert std("blk.1.ffn_down.weight") == pytest.approx(0.5 / math.sqrt(768), rel=0.02)
+    assert std("token_embd.weight") == pytest.approx(1 / math.sqrt(384), rel=0.02)
+    assert float(m.dequantize("output_norm.weight").mean()) == pytest.approx(12, rel=0.05)
+    assert std("blk.0.attn_q.bias") == pytest.approx(1.5, rel=0.2)
+    assert std("blk.0.attn_v.bias") == pytest.approx(0.1, rel=0.3)
+    m, std = stds("tiny-phi3", qkv_bias="true")  # dim 256, untied; q|k|v rows 256, 256, 256
+    assert std("token_embd.weight") == pytest.approx(1.0, rel=0.02)
+    assert std("output.weight") == pytest.approx(12 / 16, rel=0.02)
+    qkv = m.dequantize("blk.0.attn_qkv.weight")
+    assert [float(qkv[r:r + 256].std()) for r in (0, 256, 512)] == pytest.approx([1.5 / 16, 1.5 / 16, 1 / 16], rel=0.03)
+    bias = m.dequantize("blk.0.attn_qkv.bias")
+    assert float(bias[512:].std()) < 0.2 < float(bias[:512].std())
