@@ -30,6 +30,7 @@ import numpy as np
 
 from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.op_traits import ops_of
 
 from .. import format_header
 from ..kernel import Context, Kernel, Launch, scalar
@@ -40,7 +41,7 @@ AHEAD = (0, 1, 2, 4)
 DEFAULT_AHEAD = 2
 COLS = (2, 4, 6)
 DEFAULT_COLS = 0
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+OPS = ops_of("matmul")
 
 
 class CpuMatmulError(ValueError):

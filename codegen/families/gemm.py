@@ -43,13 +43,14 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.op_traits import ops_of
 
 from ..format_header import weight_code
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
 
 SOURCE = "gemm.cu"
 LAYOUT = "planar"
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+OPS = ops_of("matmul")
 
 
 class WeightFormat(NamedTuple):

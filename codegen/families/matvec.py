@@ -25,6 +25,7 @@ from typing import Any
 
 from llmplan.core import formats as core_formats
 from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.op_traits import ops_of
 
 from ..format_header import weight_code
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar
@@ -36,7 +37,7 @@ F16_PIECE = 8  # F16 rows are read 8 values (16 bytes) at a time: their length m
 WAVES = 4  # waves per block
 MAX_COLUMNS = 8
 MEMBERS = tuple(f"c{c}" for c in range(1, MAX_COLUMNS + 1))
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+OPS = ops_of("matmul")
 
 
 class MatvecError(ValueError):
