@@ -22,7 +22,7 @@ from llmplan.core.layouts import ROWS16, ROWS16_RECORD
 
 PATH = Path(__file__).parent / "kernels" / "formats.h"
 ROWS16_CODE = 256  # added to a format's code for its rows16 records: above every GGML type id
-MAX_FIELDS = 5  # FB0..FB4 (Q5_K has five fields)
+MAX_FIELDS = 5  # LpFormat's FB0..FB4, the planes gemm.cu's lp_weight_planes walks (Q5_K has five fields)
 
 _C_TYPES = {"<f2": "f16", "<f4": "f32", "<i2": "i16", "<u4": "u32", "|u1": "u8", "|i1": "i8"}
 
@@ -56,7 +56,8 @@ def _fields(f: Format) -> str:
 
 def _traits(f: Format) -> list[str]:
     fb = [f.layout[name].itemsize for name in f.layout.names]
-    assert len(fb) <= MAX_FIELDS, f"{f.name} has {len(fb)} fields; lp_weight_planes (gemm.cu) reads {MAX_FIELDS}"
+    if len(fb) > MAX_FIELDS:
+        raise ValueError(f"{f.name} has {len(fb)} fields; LpFormat describes {MAX_FIELDS}")
     fb += [0] * (MAX_FIELDS - len(fb))
     return [
         f"template <> struct LpFormat<{weight_code(f.name)}> {{  // {_fields(f)}",
