@@ -33,7 +33,7 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
-ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6 BYTES)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6, through formats.h)
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:

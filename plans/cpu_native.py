@@ -19,10 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from llmplan.codegen import cpu_build, toolchain
-from llmplan.codegen.cpu_families import FAMILY_MODULE, matmul
+from llmplan.codegen.cpu_families import matmul
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.core.devices import DeviceFacts
 from llmplan.core.errors import InputError
+from llmplan.core.op_traits import MODULES
 from llmplan.core.tune_store import TIE, TuneStore, Verdict, provenance, record
 
 from . import cpu_decisions
@@ -42,7 +43,7 @@ def lower_native(phases: dict[str, dict[str, Any]], table: dict[str, tuple[str, 
     for p in phases.values():
         ctx = Context(p["buffers"], table, None, p["dims"])
         for launch in p["launches"]:
-            family = importlib.import_module(f"llmplan.codegen.cpu_families.{FAMILY_MODULE[launch['op']]}")
+            family = importlib.import_module(f"llmplan.codegen.cpu_families.{MODULES[launch['family']].cpu}")
             calls = family.launches(launch, ctx)
             launch["kernels"] = [{"name": ln.kernel.name, "grid": list(ln.grid), "block": 1, "smem": 0,
                                   "args": [_vector(a) for a in ln.args]} for ln in calls]

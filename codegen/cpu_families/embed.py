@@ -10,15 +10,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmplan.core.formats import FORMATS
+
 from ..build import BuildError
+from ..format_header import weight_code
 from ..kernel import Context, Kernel, Launch, scalar
-from .matmul import BLOCK_VALUES, FORMATS, in_place
+from .matmul import in_place
 
 
 def kernel(fmt: str) -> Kernel:
     name = f"lp_cpu_embed_{fmt.lower()}"
     entry = (f"LP_KERNEL void {name}(const void* table, const int* tokens, float* out, int rows, int vocab, int k) "
-             f"{{ lp_cpu::embed<LP_FMT_{fmt}>(table, tokens, out, rows, vocab, k); }}")
+             f"{{ lp_cpu::embed<{weight_code(fmt)}>(table, tokens, out, rows, vocab, k); }}")
     return Kernel(name, "embed_rows", "embed.h", entry, 0)
 
 
@@ -31,7 +34,7 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     vocab, k = ctx.shape(table)
     if fmt not in FORMATS:
         raise BuildError(f"embed: table {table['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
-    if k % BLOCK_VALUES[fmt]:
+    if k % FORMATS[fmt].block:
         raise BuildError(f"embed: table {table['weight']} ({fmt}) has rows of {k}, not whole blocks")
     return [Launch(kernel(fmt), (1,),
                    [in_place(table), tokens, out, scalar(ctx.shape(out)[0]), scalar(vocab), scalar(k)])]

@@ -9,20 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmplan.core.formats import ACTIVATIONS, PACK_BLOCK
+
 from ..build import BuildError
+from ..format_header import act_code
 from ..kernel import Context, Kernel, Launch, scalar
 
-# fused.cuh's output format codes (LP_OUT_*)
-FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
-BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+FORMATS = ACTIVATIONS  # the output formats (rows.h pack_row)
 
 
-def out_format(fmt: str, k: int, what: str) -> int:
+def out_format(fmt: str, k: int, what: str) -> str:
+    """The code of output format `fmt` for rows of k values."""
     if fmt not in FORMATS:
         raise BuildError(f"{what}: output format {fmt} is not one of {', '.join(FORMATS)}")
-    if k % BLOCK.get(fmt, 1):
+    if k % PACK_BLOCK.get(fmt, 1):
         raise BuildError(f"{what}: rows of {k} values are not whole {fmt} blocks")
-    return FORMATS[fmt]
+    return act_code(fmt)
 
 
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:

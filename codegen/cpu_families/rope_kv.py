@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmplan.core.op_traits import ops_of
+
 from ..build import BuildError
 from ..families.rope_kv import MODES, table_ref
 from ..kernel import Context, Kernel, Launch, scalar
@@ -38,7 +40,7 @@ def kernel(mode: str, norm: bool) -> Kernel:
 
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     op, a = launch["op"], launch["attrs"]
-    if op not in ("rope_kv", "norm_rope_kv"):
+    if op not in ops_of("rope_kv"):
         raise BuildError(f"rope_kv: no CPU kernel for op {op}")
     q, k, v, pos, seq, pages, cache = launch["args"][:7]
     extra = launch["args"][7:]

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from llmplan.core.formats import ACTIVATION_FORMATS
+
+from ..build import BuildError
+from ..format_header import act_code
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar
 
-PACK_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2}
+PACK_FORMATS = tuple(f.lower() for f in ACTIVATION_FORMATS)  # the 8-bit block formats (common.cuh lp_pack_row)
 THREADS = 256
 
 
@@ -23,7 +27,9 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         return [Launch(Kernel(name, "rmsnorm", "norm.cu", entry, THREADS), grid,
                        [x, w, out, scalar(k), scalar(ctx.shape(w)[0]), scalar(a["eps"], "f32")])]
     fmt = a["format"]
-    code = PACK_FORMATS[fmt]
+    if fmt not in PACK_FORMATS:
+        raise BuildError(f"{op}: pack format {fmt} is not one of {', '.join(PACK_FORMATS)}")
+    code = act_code(fmt)
     if op == "rmsnorm_pack":
         w = launch["args"][1]
         name = f"lp_rmsnorm_pack_{fmt}"

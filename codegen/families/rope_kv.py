@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.core.op_traits import ops_of
+
 from ..build import BuildError
 from ..kernel import Context, Kernel, Launch, grid_dim, scalar
 
@@ -85,7 +87,7 @@ def kernel(mode: str, norm: bool) -> Kernel:
 
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     op, a = launch["op"], launch["attrs"]
-    if op not in ("rope_kv", "norm_rope_kv"):
+    if op not in ops_of("rope_kv"):
         raise BuildError(f"rope_kv: no kernel for op {op}")
     q, k, v, pos, seq, pages, cache = launch["args"][:7]
     extra = launch["args"][7:]
