@@ -45,8 +45,8 @@ _HAN = _cls(((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0
              (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)))
 _L_NOT_HAN = f"(?:(?![{_HAN}])[{_L}])"
 _CONTRACTION = "(?:'[sStTmMdD]|'[rR][eE]|'[vV][eE]|'[lL][lL])"
-# Each ends in alternatives that take any whitespace, the one before them anything else, so the matches
-# alone cover the text.
+# Each matches every character somewhere (the last alternatives take any whitespace, the one before them
+# anything else), so its matches alone are the pieces.
 _WS_TAIL = rf"[{_S}]*[\r\n]+|[{_S}]+(?![^{_S}])|[{_S}]+"
 _TOTAL = {
     GPT2: rf"'s|'t|'re|'ve|'m|'ll|'d| ?[{_L}]+| ?[{_N}]+| ?[^{_S}{_L}{_N}]+|[{_S}]+(?![^{_S}])|[{_S}]+",
@@ -141,6 +141,41 @@ def _digit_groups(views: _Views, bounds: list[int]) -> list[int]:
     return out
 
 
+_ASCII_DIGIT_RUN = re.compile("[0-9]+")
+
+
+def _trailing_whitespace(views: _Views, bounds: list[int]) -> list[int]:
+    r"""\s+$ (DeepSeek LLM): each piece's trailing whitespace. std::regex tries the expression at every
+    position of a run of whitespace, which takes time quadratic in the run; this takes it in one step."""
+    out = [0]
+    for a, b in zip(bounds, bounds[1:]):
+        end = a + len(views.wide[a:b].rstrip(" \t\n\v\f\r"))  # std::regex's \s in the C locale
+        if a < end < b:
+            out.append(end)
+        if b > out[-1]:
+            out.append(b)
+    return out
+
+
+def _digit_triples(views: _Views, bounds: list[int]) -> list[int]:
+    r"""(?=(\d{3})+(?!\d)) (SuperBPE): an empty match, so a cut, wherever a multiple of three ASCII
+    digits runs to the end of a run of them. The lookahead rescans the run from every position, which is
+    quadratic in its length; this finds the cuts from the runs' ends."""
+    out = [0]
+    for a, b in zip(bounds, bounds[1:]):
+        for m in _ASCII_DIGIT_RUN.finditer(views.text, a, b):
+            start, end = m.span()
+            out.extend(p for p in range(end - (end - start) // 3 * 3, end, 3) if p > a)
+        if b > out[-1]:
+            out.append(b)
+    return out
+
+
+# std::regex expressions run by linear functions that cut in the same places (tests/test_pre_tokenizers.py
+# checks them against the expressions)
+LINEAR = {r"\s+$": _trailing_whitespace, r"(?=(\d{3})+(?!\d))": _digit_triples}
+
+
 def _collapse(expr: str) -> str:
     """llama.cpp's rewrite of an expression for the collapsed text (unicode_regex_split)."""
     if not expr.isascii():
@@ -188,14 +223,19 @@ def _python_syntax(expr: str) -> str:
     return "".join(out)
 
 
+def std_regex_stage(expr: str) -> Stage:
+    """`expr` run as llama.cpp runs it with std::regex, over the stand-in for the text it needs."""
+    collapsed = any(name in expr for name in _CLASS_NAMES)
+    source = _python_syntax(_collapse(expr) if collapsed else expr)
+    return _regex_stage(re.compile(source, re.ASCII), "collapsed" if collapsed else "wide")
+
+
 def _stage(expr: str) -> Stage:
     if expr in _TOTAL:
         return _regex_stage(re.compile(_TOTAL[expr]), "text")
     if expr in _DIGIT_GROUPERS:
         return _digit_groups
-    collapsed = any(name in expr for name in _CLASS_NAMES)
-    source = _python_syntax(_collapse(expr) if collapsed else expr)
-    return _regex_stage(re.compile(source, re.ASCII), "collapsed" if collapsed else "wide")
+    return LINEAR.get(expr) or std_regex_stage(expr)
 
 
 @functools.cache
@@ -203,7 +243,11 @@ def pre_tokenizer(expressions: tuple[str, ...]) -> Split:
     """The function that splits text into pre-tokens with llama.cpp's `expressions`, in order."""
     if len(expressions) == 1 and expressions[0] in _TOTAL:
         return re.compile(_TOTAL[expressions[0]]).findall  # its matches are the pieces
-    stages = [_stage(e) for e in expressions]
+    return splitter([_stage(e) for e in expressions])
+
+
+def splitter(stages: list[Stage]) -> Split:
+    """The function that splits text with `stages`, in order."""
 
     def split(text: str) -> list[str]:
         views = _Views(text)
