@@ -1,14 +1,15 @@
 """llama.cpp's BPE pre-tokenizers as data (src/llama-vocab.cpp of the llama.cpp that llama-cpp-python 0.3.36
 vendors).
 
-A byte-level BPE vocabulary names its pre-tokenizer in `tokenizer.ggml.pre`. llama.cpp maps the name to a
-type (NAMES), and the name may set a few flags of its own: ignore_merges (a pre-token that is a whole
-token skips the merges), add_bos (the default of tokenizer.ggml.add_bos_token), escape_whitespaces (spaces
-become U+2581 before splitting, and again spaces when decoding), and whether the type keeps the default
-BOS id. The type fixes the regular expressions text is split with before the merges (TYPES): applied in
-turn, each splitting every piece the one before left, the text between two matches kept as a piece of its
-own. The expressions are llama.cpp's strings, character for character, because llama.cpp recognises a few
-of them by their text and runs its own matchers for those (models/pretokenize.py does the same).
+A BPE vocabulary names its pre-tokenizer in `tokenizer.ggml.pre` (Gemma 4's tokenizer model implies
+`gemma4`). llama.cpp maps the name to a type (NAMES), and the name may set a few flags of its own:
+ignore_merges (a pre-token that is a whole token skips the merges), add_bos (the default of
+tokenizer.ggml.add_bos_token), escape_whitespaces (spaces become U+2581 before splitting, and again spaces
+when decoding), and whether the type keeps the default BOS id. The type fixes the regular expressions
+text is split with before the merges (TYPES): applied in turn, each splitting every piece the one before
+left, the text between two matches kept as a piece of its own. The expressions are llama.cpp's strings,
+character for character, because llama.cpp recognises a few of them by their text and runs its own
+matchers for those (models/pretokenize.py does the same).
 
 llama.cpp also sets clean_spaces per name, which only changes its detokenizer's output; we do not apply
 it (models/detokenize.py says why).

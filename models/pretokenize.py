@@ -44,7 +44,7 @@ _S = _cls(tuple((c, c) for c in WHITESPACE))
 _HAN = _cls(((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
              (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)))
 _L_NOT_HAN = f"(?:(?![{_HAN}])[{_L}])"
-_CONTRACTION = "(?:'[sStTmMdD]|'[rR][eE]|'[vV][eE]|'[lL][lL])"
+_CONTRACTION = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
 # Each matches every character somewhere (the last alternatives take any whitespace, the one before them
 # anything else), so its matches alone are the pieces.
 _WS_TAIL = rf"[{_S}]*[\r\n]+|[{_S}]+(?![^{_S}])|[{_S}]+"
