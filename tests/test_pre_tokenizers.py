@@ -5,6 +5,7 @@ end-of-generation tokens; and what loading a vocabulary takes from the pre-token
 
 import json
 import random
+import re
 import time
 import warnings
 from pathlib import Path
@@ -92,6 +93,7 @@ def test_pieces_cover_the_text(pre_type):
 
 def test_expressions_compile_without_warnings():
     pre_tokenizer.cache_clear()
+    re.purge()  # a pattern compiled before would come from re's cache, without its warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # re warns where a class would mean something else in future
         for pre_type in TYPES.values():
@@ -140,4 +142,4 @@ def test_linear_stages_cut_as_their_expressions(expression):
         assert fast(text) == slow(text), text
     start = time.perf_counter()
     fast(" " * 200_000 + "1" * 200_000 + "x")
-    assert time.perf_counter() - start < 1.0
+    assert time.perf_counter() - start < 5.0  # the expressions would take minutes
