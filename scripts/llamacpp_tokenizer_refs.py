@@ -83,7 +83,7 @@ OWN = {"gpt-2": ["gpt-2"], "qwen2": ["qwen2"], "qwen35": ["qwen35"], "deepseek-l
        "deepseek-coder": ["deepseek-coder"], "falcon": ["falcon"], "mpt": ["mpt"], "starcoder": ["starcoder"],
        "refact": ["refact"], "command-r": ["command-r"], "gemma-4": ["gemma4"]}
 BYTE_LEVEL_BASES, UTF8_BASE = ("qwen2", "gpt-2", "deepseek-llm"), "gemma-4"
-CHAT_TEMPLATES = ("qwen2", "phi-3", "command-r", "gemma-4")
+CHAT_TEMPLATES = ("qwen2", "command-r", "gemma-4")  # and Phi-3's (phi3())
 DROPPED_FOR_RENAMED = ["tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token"]  # the name's defaults show
 
 
@@ -304,18 +304,17 @@ def main() -> None:
             llm = Llama(target)
             record["vocabs"][target.name] = {
                 "from": f"ggml-vocab-{stem}.gguf", "texts": texts[len(CORPUS):],
-                "tokens": len(small.metadata["tokenizer.ggml.tokens"].value),
                 "eog": llm.eog(len(small.metadata["tokenizer.ggml.tokens"].value)),
                 **({"chat": chat_records(small)} if stem in CHAT_TEMPLATES else {}),
             }
             llm.close()
             print(f"{target.name}: {len(variants)} names, {target.stat().st_size} bytes", file=sys.stderr)
-        record["vocabs"].update(phi3(models, tmpdir))
+        record["vocabs"].update(phi3(models))
     OUT.write_text(json.dumps(record, ensure_ascii=True, separators=(",", ":")) + "\n")
     print(f"wrote {OUT} ({OUT.stat().st_size} bytes)", file=sys.stderr)
 
 
-def phi3(models: Path, tmpdir: Path) -> dict:
+def phi3(models: Path) -> dict:
     """Phi-3's SentencePiece vocabulary cut to its special and byte tokens: its end-of-generation tokens
     and chat template, no pre-tokenizer."""
     src = GGUFFile(models / "ggml-vocab-phi-3.gguf")
@@ -323,9 +322,8 @@ def phi3(models: Path, tmpdir: Path) -> dict:
     cut(src, set(), set(), target)
     small = GGUFFile(target)
     llm = Llama(target)
-    n = len(small.metadata["tokenizer.ggml.tokens"].value)
-    entry = {"from": "ggml-vocab-phi-3.gguf", "texts": [], "tokens": n, "eog": llm.eog(n),
-             "chat": chat_records(small)}
+    entry = {"from": "ggml-vocab-phi-3.gguf", "texts": [],
+             "eog": llm.eog(len(small.metadata["tokenizer.ggml.tokens"].value)), "chat": chat_records(small)}
     llm.close()
     return {target.name: entry}
 
