@@ -84,6 +84,7 @@ class Vocab:
     eog: frozenset[int]
     special_ids: tuple[int, ...]  # control, user-defined and unknown tokens, longest text first
     chat_template: str | None = None
+    rstrip: frozenset[int] = frozenset()  # special tokens that swallow the whitespace after them
 
     @property
     def n_tokens(self) -> int:
@@ -200,6 +201,7 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
     special = np.flatnonzero(attrs & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN))
     special = special[np.argsort(-tokens.lengths[special], kind="stable")].tolist()
     template = gguf.get("tokenizer.chat_template")
+    name = gguf.get("general.name")
     return Vocab(
         kind=kind, tokens=tokens, scores=scores, attrs=attrs, token_to_id=token_to_id, merges=merges,
         pre=pre_name, ignore_merges=pre is not None and pre.ignore_merges,
@@ -207,7 +209,17 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
         bos=ids["bos"], eos=ids["eos"], eot=ids["eot"], unk=ids["unknown"],
         add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix, eog=eog,
         special_ids=tuple(special), chat_template=template if isinstance(template, str) else None,
+        rstrip=_rstrip(name if isinstance(name, str) else "", special, token_to_id),
     )
+
+
+def _rstrip(model_name: str, special: list[int], token_to_id: StringIndex) -> frozenset[int]:
+    """The special tokens after which llama.cpp drops whitespace (its RSTRIP attribute): for a model named
+    Phi-3, every special token and </s> but <unk>, <s> and <|endoftext|> (llama-vocab.cpp, load())."""
+    if not any(n in model_name.lower() for n in ("phi-3", "phi3")):
+        return frozenset()
+    ids = set(special) | {token_to_id[t] for t in ("</s>",) if t in token_to_id}
+    return frozenset(ids - {token_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in token_to_id})
 
 
 def _pre_tokenizer_name(gguf: GGUFFile, model: str) -> str:
