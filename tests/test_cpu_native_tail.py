@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, rng, run, weight  # noqa: F401 (cxx, rng: fixtures)
 from llmplan.codegen.cpu_families import tail
 from llmplan.core import numerics as num
 from llmplan.core.formats import ACTIVATION_FORMAT
@@ -25,7 +25,7 @@ def catalog():
     return [tail.kernel(f, 512) for f in HEADS]
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", HEADS)
 def test_tail_argmax_matches_the_twin(fmt, isa, rng):
