@@ -1,0 +1,182 @@
+"""What `plan env` reports: this llmplan (version, build id), Python and the packages llmplan uses, its
+extras, the compilers found for each target and the one each build uses, the CPU's SIMD paths and
+features, the GPUs CuPy and hip-python see with their facts, and the cache and tune-store paths: what a
+bug report needs about the machine."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata as metadata
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen.build import cache_root
+from llmplan.codegen.targets import TARGETS
+from llmplan.core import gpu_runtime
+from llmplan.core.errors import InputError
+
+from . import tune_store
+from .devices import HIP_PROPERTIES, cuda_facts, hip_facts, local_cpu, simd_level
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # where the subpackages' folders sit side by side
+SOURCES = ("*.py", "*.h", "*.cuh", "*.cu")
+# the CPU features that matter to LLM kernels: what the SIMD paths use, and what they may use next (AMX)
+FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+            "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
+
+
+def build_id() -> str:
+    """A hash of llmplan's source files here (every subpackage folder beside this one's): two installs
+    with one id run the same code."""
+    h = hashlib.sha256()
+    for init in sorted(PACKAGE_ROOT.glob("*/__init__.py")):
+        for path in sorted(p for pattern in SOURCES for p in init.parent.rglob(pattern)):
+            h.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def extras() -> dict[str, dict[str, Any]] | None:
+    """Each extra of the installed llmplan: whether every package it brings is installed, and which are
+    not (None where llmplan is not installed as a distribution)."""
+    try:
+        requires = metadata.requires("llmplan") or []
+    except metadata.PackageNotFoundError:
+        return None
+    wants: dict[str, list[str]] = {}
+    for req in requires:
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)(?:\[([^\]]+)\])?[^;]*;\s*extra\s*==\s*['\"]([^'\"]+)['\"]", req)
+        if m:
+            name, inner, extra = m.groups()
+            wants.setdefault(extra, []).append(f"llmplan[{inner}]" if name == "llmplan" else name)
+    out: dict[str, dict[str, Any]] = {}
+    for extra in wants:
+        out[extra] = {"missing": _missing(extra, wants)}
+        out[extra]["installed"] = not out[extra]["missing"]
+    return out
+
+
+def _missing(extra: str, wants: dict[str, list[str]]) -> list[str]:
+    missing = []
+    for name in wants[extra]:
+        if name.startswith("llmplan["):
+            missing += _missing(name[len("llmplan["):-1], wants)
+        elif _version(name) is None:
+            missing.append(name)
+    return missing
+
+
+def _tool(path: str | None) -> dict[str, Any] | None:
+    return None if path is None else {"path": path, "from": toolchain.origin(path), "version": toolchain.version(path)}
+
+
+def compilers() -> dict[str, dict[str, Any]]:
+    """Per kind of target: the tools found, the compiler its builds use (None: it cannot build here),
+    and the command that installs what is missing."""
+    cands = toolchain.cxx_candidates()
+    cxx = cpu_build.compiler()
+    cpu = {"targets": ["--device cpu"], "uses": cxx and " ".join(cxx.command), "install": toolchain.cxx_install(),
+           "found": [{"command": " ".join(c.command), "family": c.family, "version": c.version, "identity": c.identity,
+                      "builds": (why := cpu_build.probe(c)) is None, "why_not": why} for c in cands]}
+    if cxx is None:
+        cpu["why_none"] = cpu_build.no_compiler()
+    nvidia_tools = {t: _tool(toolchain.find_nvidia(t)) for t in ("nvcc", "cuobjdump", "nvdisasm")}
+    nvidia_tools["gcc"] = _tool(toolchain.find("gcc"))  # nvcc's host compiler
+    clang_tools = {t: _tool(toolchain.find(t)) for t in ("clang++-19", "ld.lld-19")}
+    names = {vendor: [t.name for t in TARGETS.values() if t.vendor == vendor] for vendor in ("cuda", "hip")}
+    return {
+        "cpu": cpu,
+        "nvidia": {"targets": names["cuda"], "found": nvidia_tools, "install": toolchain.NVIDIA_INSTALL,
+                   "uses": nvidia_tools["nvcc"]["path"] if all(nvidia_tools.values()) else None},
+        "amd": {"targets": names["hip"], "found": clang_tools, "install": "apt-get install clang-19 lld-19",
+                "uses": clang_tools["clang++-19"]["path"] if all(clang_tools.values()) else None},
+        "emu": {"targets": ["--device emu"], "found": {"clang++-19": clang_tools["clang++-19"]},
+                "install": "apt-get install clang-19",
+                "uses": clang_tools["clang++-19"] and clang_tools["clang++-19"]["path"]},
+    }
+
+
+def _cpu_model() -> str | None:
+    """The CPU's model name as Linux reports it (None elsewhere)."""
+    try:
+        m = re.search(r"^model name\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return None
+    return m.group(1).strip() if m else None
+
+
+def cpu() -> dict[str, Any]:
+    facts = local_cpu()
+    flags = cpu_build.cpu_flags()
+    return {"name": _cpu_model() or facts.name, "machine": facts.arch, "cores": facts.multiprocessors,
+            "memory_gib": facts.memory_gib,
+            "simd_paths": list(cpu_build.host_isas()), "best": cpu_build.best_isa(),
+            "features": [f for f in FEATURES if f in flags], "amx": any(f.startswith("amx") for f in flags),
+            "numpy_simd": simd_level()}
+
+
+def gpus() -> dict[str, Any]:
+    """Per runtime library: the facts of each device it sees, or why it sees none."""
+    return {"cuda": _listed(_cuda_devices), "hip": _listed(_hip_devices)}
+
+
+def _listed(devices) -> dict[str, Any]:
+    try:
+        return {"devices": devices()}
+    except InputError as e:
+        return {"devices": [], "why_none": str(e)}
+
+
+def _cuda_devices() -> list[dict[str, Any]]:
+    cp = gpu_runtime.cupy()
+    out = []
+    for i in range(cp.cuda.runtime.getDeviceCount()):
+        props = cp.cuda.runtime.getDeviceProperties(i)
+        out.append(_facts(lambda: cuda_facts(props), props["name"]))
+    return out
+
+
+def _hip_devices() -> list[dict[str, Any]]:
+    h = gpu_runtime.hip()
+    out = []
+    for i in range(h.hipGetDeviceCount()[1]):
+        err, p = gpu_runtime.hip_properties(h, i)
+        props = {k: getattr(p, k) for k in HIP_PROPERTIES}
+        out.append(_facts(lambda: hip_facts(props), props["name"]))
+    return out
+
+
+def _facts(read, name) -> dict[str, Any]:
+    """A device's facts, or its name and why llmplan has no kernels for it."""
+    try:
+        return read().to_dict()
+    except InputError as e:
+        return {"name": name.decode() if isinstance(name, bytes) else str(name), "unsupported": str(e)}
+
+
+def collect() -> dict[str, Any]:
+    store = tune_store.resolve(None)
+    return {
+        "llmplan": {"version": _version("llmplan"), "build_id": build_id(), "path": str(PACKAGE_ROOT)},
+        "python": {"version": platform.python_version(), "executable": sys.executable,
+                   "platform": platform.platform()},
+        "packages": {d: _version(d) for d in ("numpy", "gguf", "networkx", "msgpack", "sentencepiece", "jinja2",
+                                              "tqdm", "cupy-cuda13x", "hip-python", "nvidia-cuda-nvcc")},
+        "extras": extras(),
+        "cpu": cpu(),
+        "compilers": compilers(),
+        "gpus": gpus(),
+        "paths": {"cache": str(cache_root()), "tune_store": str(store) if store else "off",
+                  "cxx_env": os.environ.get("CXX")},
+    }
