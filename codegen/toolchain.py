@@ -26,6 +26,7 @@ from llmplan.core.errors import InputError
 
 _NVIDIA_DIRS = ["/usr/local/cuda/bin", *sorted(glob.glob("/usr/local/cuda-*/bin"))]
 NVIDIA_INSTALL = "pip install -e '.[gpu]' (NVIDIA's compiler and SASS readers from PyPI)"
+AMD_INSTALL = "apt-get install clang-19 lld-19"
 # the command that installs a C++ compiler, by the package manager this machine has (first found)
 _CXX_INSTALL = {"apt-get": "apt-get install g++", "dnf": "dnf install gcc-c++", "apk": "apk add g++",
                 "pacman": "pacman -S gcc", "zypper": "zypper install gcc-c++"}

@@ -49,7 +49,8 @@ def run(args: argparse.Namespace) -> int:
     me, py, cpu = env["llmplan"], env["python"], env["cpu"]
     print(f"llmplan    {me['version'] or 'not installed as a package'}, build {me['build_id']}, from {me['path']}")
     print(f"python     {py['version']} ({py['executable']}) on {py['platform']}")
-    print("packages   " + ", ".join(f"{d} {v}" for d, v in env["packages"].items() if v))
+    if env["packages"] is not None:
+        print("packages   " + ", ".join(f"{d} {v}" for d, v in env["packages"].items() if v))
     if env["extras"] is not None:
         have = [e for e, x in env["extras"].items() if x["installed"]]
         lack = [f"{e} (needs {', '.join(x['missing'])})" for e, x in env["extras"].items() if not x["installed"]]

@@ -25,7 +25,8 @@ from .devices import HIP_PROPERTIES, cuda_facts, hip_facts, local_cpu, simd_leve
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # where the subpackages' folders sit side by side
 SOURCES = ("*.py", "*.h", "*.cuh", "*.cu")
-# the CPU features that matter to LLM kernels: what the SIMD paths use, and what they may use next (AMX)
+# the x86 features LLM kernels use: the SIMD paths' (codegen/cpu_build.py), and the wider dot products and
+# matrix units beyond them
 FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
             "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
 
@@ -47,24 +48,38 @@ def _version(dist: str) -> str | None:
         return None
 
 
-def extras() -> dict[str, dict[str, Any]] | None:
-    """Each extra of the installed llmplan: whether every package it brings is installed, and which are
-    not (None where llmplan is not installed as a distribution)."""
+def _requires() -> list[tuple[str, list[str], str | None]] | None:
+    """The installed llmplan's requirements: (distribution, llmplan's extras it names, the extra that
+    brings it or None); None where llmplan is not installed as a distribution."""
     try:
         requires = metadata.requires("llmplan") or []
     except metadata.PackageNotFoundError:
         return None
-    wants: dict[str, list[str]] = {}
+    out = []
     for req in requires:
-        m = re.match(r"\s*([A-Za-z0-9_.\-]+)(?:\[([^\]]+)\])?[^;]*;\s*extra\s*==\s*['\"]([^'\"]+)['\"]", req)
-        if m:
-            name, inner, extra = m.groups()
-            wants.setdefault(extra, []).append(f"llmplan[{inner}]" if name == "llmplan" else name)
-    out: dict[str, dict[str, Any]] = {}
-    for extra in wants:
-        out[extra] = {"missing": _missing(extra, wants)}
-        out[extra]["installed"] = not out[extra]["missing"]
+        m = re.match(r"\s*([A-Za-z0-9_.\-]+)(?:\[([^\]]+)\])?[^;]*(?:;\s*extra\s*==\s*['\"]([^'\"]+)['\"])?", req)
+        name, inner, extra = m.groups()
+        out.append((name, [e.strip() for e in inner.split(",")] if inner else [], extra))
     return out
+
+
+def packages() -> dict[str, str | None] | None:
+    """The version of every package llmplan requires, its extras' too (None: not installed)."""
+    reqs = _requires()
+    return None if reqs is None else {name: _version(name) for name, _, _ in reqs if name != "llmplan"}
+
+
+def extras() -> dict[str, dict[str, Any]] | None:
+    """Each extra of the installed llmplan: whether every package it brings is installed, and which are
+    not."""
+    reqs = _requires()
+    if reqs is None:
+        return None
+    wants: dict[str, list[str]] = {}
+    for name, inner, extra in reqs:
+        if extra:
+            wants.setdefault(extra, []).extend([f"llmplan[{e}]" for e in inner] if name == "llmplan" else [name])
+    return {extra: {"installed": not (missing := _missing(extra, wants)), "missing": missing} for extra in wants}
 
 
 def _missing(extra: str, wants: dict[str, list[str]]) -> list[str]:
@@ -99,10 +114,10 @@ def compilers() -> dict[str, dict[str, Any]]:
         "cpu": cpu,
         "nvidia": {"targets": names["cuda"], "found": nvidia_tools, "install": toolchain.NVIDIA_INSTALL,
                    "uses": nvidia_tools["nvcc"]["path"] if all(nvidia_tools.values()) else None},
-        "amd": {"targets": names["hip"], "found": clang_tools, "install": "apt-get install clang-19 lld-19",
+        "amd": {"targets": names["hip"], "found": clang_tools, "install": toolchain.AMD_INSTALL,
                 "uses": clang_tools["clang++-19"]["path"] if all(clang_tools.values()) else None},
         "emu": {"targets": ["--device emu"], "found": {"clang++-19": clang_tools["clang++-19"]},
-                "install": "apt-get install clang-19",
+                "install": toolchain.AMD_INSTALL,
                 "uses": clang_tools["clang++-19"] and clang_tools["clang++-19"]["path"]},
     }
 
@@ -152,6 +167,9 @@ def _hip_devices() -> list[dict[str, Any]]:
     out = []
     for i in range(h.hipGetDeviceCount()[1]):
         err, p = gpu_runtime.hip_properties(h, i)
+        if err != h.hipError_t.hipSuccess:
+            out.append({"name": f"device {i}", "unsupported": f"its properties cannot be read ({err})"})
+            continue
         props = {k: getattr(p, k) for k in HIP_PROPERTIES}
         out.append(_facts(lambda: hip_facts(props), props["name"]))
     return out
@@ -171,8 +189,7 @@ def collect() -> dict[str, Any]:
         "llmplan": {"version": _version("llmplan"), "build_id": build_id(), "path": str(PACKAGE_ROOT)},
         "python": {"version": platform.python_version(), "executable": sys.executable,
                    "platform": platform.platform()},
-        "packages": {d: _version(d) for d in ("numpy", "gguf", "networkx", "msgpack", "sentencepiece", "jinja2",
-                                              "tqdm", "cupy-cuda13x", "hip-python", "nvidia-cuda-nvcc")},
+        "packages": packages(),
         "extras": extras(),
         "cpu": cpu(),
         "compilers": compilers(),
