@@ -43,18 +43,10 @@ def registry_bins() -> list[str]:
 
 def find(tool: str, first: Sequence[str] = (), last: Sequence[str] = ()) -> str | None:
     """`tool` in the `first` folders, else on PATH, else in the `last` folders."""
-    for d in first:
-        path = os.path.join(d, tool)
-        if os.access(path, os.X_OK):
-            return path
-    found = shutil.which(tool)
-    if found:
-        return found
-    for d in last:
-        path = os.path.join(d, tool)
-        if os.access(path, os.X_OK):
-            return path
-    return None
+    def within(folders: Sequence[str]) -> str | None:
+        return next((p for d in folders if os.access(p := os.path.join(d, tool), os.X_OK)), None)
+
+    return within(first) or shutil.which(tool) or within(last)
 
 
 def require(tool: str, hint: str, first: Sequence[str] = (), last: Sequence[str] = ()) -> str:
