@@ -10,9 +10,11 @@ from llmplan.codegen.cpu_build import ISAS
 from llmplan.core.errors import InputError
 from llmplan.models.model import open_model
 
+from . import numpy_fallback
 from .compile import DEFAULT_CHUNK, compile_model
 from .console import Progress, human_bytes, print_json
 from .devices import resolve_device
+from .planfile import read_plan
 from .tune_store import TuneStore
 
 
@@ -46,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     summary = compile_model(open_model(args.model), device, out, args.ctx, args.chunk, args.max_seqs,
                             tune=TuneStore.from_flag(args.tune_dir), isa=args.isa, progress=Progress("plan compile"))
     summary["seconds"] = round(time.perf_counter() - t0, 3)
+    if summary.get("cpu", {}).get("kernels") == "numpy":
+        numpy_fallback.announce("compile", *read_plan(out, None), out, from_gguf=False)
     if args.json:
         print_json(summary)
         return 0

@@ -22,7 +22,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]
 
 from bench_run import compile_plan, plan_run_rss  # noqa: E402  (scripts/)
-from llmplan.plans.cmd_inspect import summarize, weight_bytes_beyond_file  # noqa: E402
+from llmplan.core.layouts import weight_bytes_beyond_file  # noqa: E402
+from llmplan.plans.cmd_inspect import summarize  # noqa: E402
 from llmplan.plans.planfile import read_body, read_header  # noqa: E402
 
 
