@@ -31,7 +31,8 @@ def _compilers(name: str, c: dict[str, Any]) -> list[str]:
                 for f in c["found"]]
     else:
         missing = [t for t, f in c["found"].items() if f is None]
-        uses = f"builds with {c['uses']}" if c["uses"] else f"cannot build here ({', '.join(missing)} missing): {c['install']}"
+        uses = (f"builds with {c['uses']}" if c["uses"] else
+                f"cannot build here ({', '.join(missing)} missing): {c['install']}")
         header = ["tool", "path", "from", "version"]
         rows = [(tool, f["path"], f["from"], f["version"]) if f else (tool, "not found", "", "")
                 for tool, f in c["found"].items()]

@@ -28,6 +28,7 @@ from .devices import DeviceFacts
 from .probes import TIE, Verdict, provenance, record
 from .tune_store import TuneStore
 
+
 def _vector(ref: dict[str, Any]) -> dict[str, Any]:
     """A weight argument the family leaves unnamed is a float vector (norms): held as float32."""
     return ref | {"layout": "f32"} if "weight" in ref and "layout" not in ref else ref

@@ -25,7 +25,8 @@ def test_json_names_the_compilers_each_build_uses_and_the_simd_paths(cli):
     nvidia = env["compilers"]["nvidia"]
     assert nvidia["targets"] == [t for t, x in TARGETS.items() if x.nvidia]
     if nvidia["uses"]:
-        assert nvidia["uses"] == toolchain.nvcc() and nvidia["found"]["nvcc"]["from"] == toolchain.origin(toolchain.nvcc())
+        nvcc = toolchain.nvcc()
+        assert nvidia["uses"] == nvcc and nvidia["found"]["nvcc"]["from"] == toolchain.origin(nvcc)
     assert env["compilers"]["amd"]["uses"] == toolchain.find("clang++-19")
     assert env["cpu"]["simd_paths"] == list(cpu_build.host_isas()) and env["cpu"]["best"] == cpu_build.best_isa()
     assert set(env["cpu"]["features"]) <= set(environment.FEATURES) and isinstance(env["cpu"]["amx"], bool)
