@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -154,6 +154,16 @@ LAYOUTS: dict[str, Layout] = {
 
 def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
     return LAYOUTS[layout].bytes(FORMATS[fmt.upper()], tuple(shape))
+
+
+def weight_bytes_beyond_file(w: dict[str, Any]) -> int:
+    """What a plan's weight record ({"format", "shape", "layouts": {layout: {"bytes"}}}) costs beyond the
+    mapped file: its copies made at load, less its file bytes where every layout is a copy (the runtime
+    releases those pages)."""
+    copies = sum(info["bytes"] for layout, info in w["layouts"].items() if LAYOUTS[layout].copies)
+    if w["layouts"] and all(LAYOUTS[layout].copies for layout in w["layouts"]):
+        copies -= layout_bytes("plain", w["format"], tuple(w["shape"]))
+    return copies
 
 
 def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...],

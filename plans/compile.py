@@ -249,10 +249,12 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
              progress: Progress | None = None) -> str:
     """The plan `plan run MODEL.gguf` uses: compiled once for `device` (default this machine's CPU; a GPU
     target for the emulated GPU), then taken from the cache. It takes the tune store's entries but
-    probes nothing (the heuristic decides the rest, and `progress` says how to measure them)."""
+    probes nothing (the heuristic decides the rest, and `progress` says how to measure them). A CPU plan
+    is cached apart by its kernels, so the first run after a C++ compiler is installed compiles anew."""
     model = open_model(gguf)
     device = device or local_cpu()
-    cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
+    kernels = "" if device.backend != "cpu" else ".native" if cpu_build.available() else ".numpy"
+    cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}{kernels}")
     if not _readable(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_families import matmul
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.core.devices import DeviceFacts
@@ -27,9 +27,6 @@ from llmplan.core.op_traits import MODULES
 from llmplan.core.tune_store import TIE, TuneStore, Verdict, provenance, record
 
 from . import cpu_decisions
-
-NO_COMPILER = ("no C++ compiler (clang++-19 is not on PATH): the NumPy twins run (runtime/numpy_kernels.py), "
-               "dequantizing projections to float32 at load; install clang-19 and recompile for the native kernels")
 
 
 def _vector(ref: dict[str, Any]) -> dict[str, Any]:
@@ -61,11 +58,11 @@ def lower_native(phases: dict[str, dict[str, Any]], table: dict[str, tuple[str, 
 def section(kernels: dict[str, Kernel], source: str, isa: str, why: str) -> dict[str, Any]:
     """The plan's kernel table (name -> parameter types) and its `cpu` section: the kernels' translation
     unit (cpu_build.render), its SIMD path and `why` that one."""
+    cxx = cpu_build.compiler()
     return {"kernels": {name: {"params": list(k.params), "block": 1} for name, k in sorted(kernels.items())},
-            "cpu": {"kernels": "native", "isa": isa, "compiler": toolchain.version(toolchain.clang()),
-                    "source": source,
+            "cpu": {"kernels": "native", "isa": isa, "compiler": cxx.identity, "source": source,
                     "why": f"the CPU target's compiled kernels, SIMD path {isa} ({why}; this machine runs "
-                           f"{', '.join(cpu_build.host_isas())})"}}
+                           f"{', '.join(cpu_build.host_isas())}), built with {cxx.describe()}"}}
 
 
 @dataclass(frozen=True)
@@ -101,7 +98,7 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], ta
     key = (f"cpu:isa:{arch}:decode-{hashlib.sha256(json.dumps(step).encode()).hexdigest()[:12]}"
            f":ctx{phases['decode']['dims']['ctx']}")
     build_id = hashlib.sha256("\0".join([source, repr((cpu_build.FLAGS, cpu_build.ISAS)),
-                                         toolchain.version(toolchain.clang())]).encode()).hexdigest()[:16]
+                                         cpu_build.compiler().identity]).encode()).hexdigest()[:16]
     cands = isa_candidates()
     look = store.load(device.tune_key, key, build_id)
     winner = look.entry["winner"] if look.entry else None
@@ -135,5 +132,6 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], ta
 
 
 def fallback() -> dict[str, Any]:
-    """The plan's record when the NumPy twins stay."""
-    return {"kernels": {}, "cpu": {"kernels": "numpy", "why": NO_COMPILER}}
+    """The plan's record when the NumPy twins stay (runtime/numpy_kernels.py: projections dequantized to
+    float32 at load)."""
+    return {"kernels": {}, "cpu": {"kernels": "numpy", "why": cpu_build.no_compiler()}}

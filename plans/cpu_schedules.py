@@ -26,7 +26,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families import matmul
 from llmplan.models.gguf import GGUFFile
@@ -98,7 +98,7 @@ class NativeTasks:
     def build_id(self) -> str:
         """What the measurements measured: the CPU kernels' sources, the SIMD path, the compiler."""
         sources = sorted(cpu_build.CPU_DIR.glob("*.h"))
-        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, toolchain.version(toolchain.clang())])
+        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, self.lib.library.compiler.identity])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @staticmethod

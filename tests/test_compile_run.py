@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.commands import llama_cpp
 from llmplan.core.devices import local_cpu
 from llmplan.ir.reference import ReferenceDecoder
@@ -23,12 +23,12 @@ from llmplan.ir.trace import trace_model
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.model import open_model
 from llmplan.passes.manager import compile_graph
-from llmplan.plans import cpu_decisions, cpu_native
+from llmplan.plans import cpu_decisions
 from llmplan.plans.compile import compile_model
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, SamplingParams
 
-from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
+from conftest import REFERENCE, TINY_BPE, TINY_SPM, hide_cxx, llama_cpp_bound
 
 MODELS = {"tiny-llama-spm-Q4_K_M": lambda r: TINY_SPM, "tiny-llama3-bpe-Q4_K_M": lambda r: TINY_BPE,
           "gemma3-270m": lambda r: r.getfixturevalue("gemma3_path")}
@@ -160,10 +160,11 @@ def test_cli_compile_and_inspect(cli, tmp_path):
 
 
 def test_without_a_compiler_the_plan_keeps_the_numpy_twins_and_says_why(cli, tmp_path, monkeypatch):
-    monkeypatch.setattr(toolchain, "find", lambda tool, extra_dirs=(): None)
+    hide_cxx(monkeypatch)
     plan = tmp_path / "numpy.plan"
     code, out, _ = cli("compile", TINY_BPE, "-o", plan, "--ctx", "128", "--chunk", "16", "--json")
-    assert code == 0 and json.loads(out)["cpu"] == {"kernels": "numpy", "why": cpu_native.NO_COMPILER}
+    why = "no C++ compiler (clang++ or g++) on PATH"
+    assert code == 0 and json.loads(out)["cpu"] == {"kernels": "numpy", "why": why}
     code, out, _ = cli("inspect", plan, "--json")
     s = json.loads(out)
     w = s["weights"]
@@ -176,7 +177,7 @@ def test_without_a_compiler_the_plan_keeps_the_numpy_twins_and_says_why(cli, tmp
     assert s["held_beyond_file"]["weight_copies"] > 0
     assert s["phases"]["decode"]["kernels"]["matmul/p4m"] == 9  # one row: one sgemv, the default panel
     code, out, _ = cli("inspect", plan)
-    assert f"kernels  numpy: {cpu_native.NO_COMPILER}" in out
+    assert f"kernels  numpy: {why}" in out
     code, _, err = cli("inspect", plan, "--kernels")
     assert code == 2 and "NumPy twins" in err
     engine = Engine.load(plan)

@@ -22,7 +22,7 @@ from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, dequantize
 from llmplan.runtime.numpy_kernels import matmul as twin_matmul
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, random_activation
 
 TIGHT = 1e-9
@@ -145,7 +145,7 @@ def test_segments_must_share_the_activation_format():
 
 # --- numbers ---------------------------------------------------------------------------------------------
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", matmul.FORMATS)
 def test_matmul_matches_the_twin(fmt, isa, rng):
@@ -153,7 +153,7 @@ def test_matmul_matches_the_twin(fmt, isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", matmul.FORMATS)
 def test_matmul_residual_matches_the_twin(fmt, isa, rng):
@@ -161,7 +161,7 @@ def test_matmul_residual_matches_the_twin(fmt, isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_residual_in_place(isa, rng):
     """The residual may be the output buffer itself: each element is read before it is written."""
@@ -169,7 +169,7 @@ def test_matmul_residual_in_place(isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("formats", SEGMENTS, ids="/".join)
 def test_matmul_segmented_matches_the_twin(formats, isa, rng):
@@ -178,7 +178,7 @@ def test_matmul_segmented_matches_the_twin(formats, isa, rng):
         assert nmse(g, w) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16"])
 def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
@@ -206,7 +206,7 @@ def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
         assert np.array_equal(alone[0][0], got[0][r]), f"row {r} differs alone"
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     """A NaN weight scale makes that weight row's outputs NaN for every activation row; an infinite f32
@@ -224,7 +224,7 @@ def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     assert np.array_equal(np.isfinite(got[0]), np.isfinite(want[0]))
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
     """Weights in rows16 records: exact integers per super-block, then the same float steps per row, so
@@ -236,7 +236,7 @@ def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
         assert np.array_equal(got[0], first[0]), isa
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     """The records the runtime's cpu driver makes at load (matmul.relayout) are core/layouts.py's, byte for
@@ -253,7 +253,7 @@ def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     assert len(done) == 2 and matmul.make_held(lib, "blocks", raw, fmt, (rows, k)) is None
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_in_place_kernels_of_relaid_out_formats_match_the_twin(fmt, isa, rng):
