@@ -4,8 +4,11 @@ by codegen/host.py into a cached shared library, and called through ctypes.
 The translation unit inlines codegen/cpu/<source> and what it includes: codegen/cpu/ headers, and the
 GPU kernels' shared headers (codegen/kernels/common.cuh, quant.cuh, fused.cuh) with codegen/cpu/host.h
 standing for vendor.h, so block layouts and scale unpacking have one source for every target. The SIMD
-path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2` and `avx512` where the
-host has them (host_isas); best_isa() is what a plan for this machine uses.
+path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2`, `avx512` and `amx` where
+the host has them (host_isas: the CPU's flags, and for amx the kernel's permission to use the tiles);
+best_isa() is what a plan for this machine uses. The compiler is the first of toolchain.cxx_candidates
+($CXX, else each clang++ on PATH, then each g++) that builds codegen/cpu/probe.h for the best path
+(compiler()); where none does, a CPU plan keeps the NumPy kernels (no_compiler says why).
 
 CpuLibrary(source, params, isa) loads a translation unit: a plan's own (the runtime's cpu driver), or
 one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims)
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 import re
 import struct
@@ -31,7 +35,7 @@ from llmplan.core.errors import InputError
 from llmplan.core.plan_records import Ref
 
 from . import toolchain
-from .build import _inline
+from .build import BuildError, _inline
 from .host import HostLibrary, build_library
 from .kernel import Kernel, KernelLaunch
 
@@ -45,35 +49,85 @@ ISAS = {
     "avx2": ["-DLP_CPU_ISA=1", "-mavx2", "-mfma", "-mf16c"],
     "avx512": ["-DLP_CPU_ISA=2", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl",
                "-mavx512vnni"],
+    "amx": ["-DLP_CPU_ISA=3", "-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni",
+            "-mamx-tile", "-mamx-int8"],
 }
 # /proc/cpuinfo flags each path needs (the kernel lists only what the OS has enabled)
 _NEEDS = {"scalar": (), "avx2": ("avx2", "fma", "f16c"),
-          "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")}
+          "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+          "amx": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8")}
+# Linux lets a process use the AMX tile registers only once it has asked (arch_prctl ARCH_REQ_XCOMP_PERM
+# for XFEATURE_XTILEDATA): the grant is the process's, for every thread, present and future
+_ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 _SCALARS = {"int": (ctypes.c_int, "i32"), "float": (ctypes.c_float, "f32")}
 _WORD = (1 << 64) - 1  # an argument as graph.h's 64-bit word (negative ints in two's complement)
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The x86 feature flags of this machine's CPU that the OS has enabled (none elsewhere)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return frozenset()
+    try:
+        m = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return frozenset()
+    return frozenset(m.group(1).split()) if m else frozenset()
+
+
+@functools.cache
 def host_isas() -> tuple[str, ...]:
     """The SIMD paths this machine runs, scalar first, best last."""
-    flags: set[str] = set()
-    if platform.machine() in ("x86_64", "AMD64"):
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-            m = re.search(r"^flags\s*:(.*)$", text, re.M)
-            flags = set(m.group(1).split()) if m else set()
-        except OSError:
-            flags = set()
-    return tuple(isa for isa, need in _NEEDS.items() if all(f in flags for f in need))
+    return tuple(isa for isa, need in _NEEDS.items()
+                 if all(f in cpu_flags() for f in need) and (isa != "amx" or _amx_permitted()))
+
+
+def _amx_permitted() -> bool:
+    """Whether the kernel grants this process the AMX tile data (asking it once: the grant then holds)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.syscall(_SYS_ARCH_PRCTL, _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA) == 0
 
 
 def best_isa() -> str:
     return host_isas()[-1]
 
 
+@functools.cache
+def probe(compiler: toolchain.Compiler) -> str | None:
+    """Why `compiler` cannot build the CPU kernels (its first error on probe.h), or None where it can."""
+    out: list[str] = []
+    _inline(CPU_DIR / "probe.h", set(), out, HOST_VENDOR)
+    try:
+        build_library("\n".join(out) + "\n", FLAGS + ISAS[best_isa()], "cpu-probe", compiler)
+    except BuildError as e:
+        return str(e)
+    return None
+
+
+def compiler() -> toolchain.Compiler | None:
+    """The C++ compiler the CPU target builds with: the first candidate that passes the probe."""
+    return _first_probed(os.environ.get("CXX"), os.environ.get("PATH"))
+
+
+@functools.cache
+def _first_probed(cxx: str | None, path: str | None) -> toolchain.Compiler | None:
+    """compiler(), once per $CXX and $PATH (the candidates come from them)."""
+    return next((c for c in toolchain.cxx_candidates() if probe(c) is None), None)
+
+
 def available() -> bool:
-    """Whether this machine has the C++ compiler the CPU target builds with."""
-    return toolchain.find("clang++-19") is not None
+    """Whether this machine has a C++ compiler the CPU target builds with."""
+    return compiler() is not None
+
+
+def no_compiler() -> str:
+    """Why no compiler serves the CPU target, in a few words."""
+    tried = toolchain.cxx_candidates()
+    if os.environ.get("CXX") and not tried:
+        return f"$CXX ({os.environ['CXX']}) does not run"
+    if not tried:
+        return "no C++ compiler (clang++ or g++) on PATH"
+    return "; ".join(f"{c.describe()} cannot build the CPU kernels ({probe(c)})" for c in tried)
 
 
 def render(kernels: list[Kernel]) -> str:
@@ -99,10 +153,11 @@ def _packed(k: Kernel) -> str:
 def build(source: str, isa: str) -> HostLibrary:
     """The shared library of a rendered translation unit for one SIMD path (cached by source, flags and
     compiler: built once per key)."""
-    if not available():
-        raise InputError("the plan's CPU kernels need clang++-19 to build (apt-get install clang-19); or recompile "
-                         "the plan here (plan compile ... --device cpu), where it keeps the NumPy kernels")
-    return build_library(source, FLAGS + ISAS[isa], f"cpu-{isa}", toolchain.clang())
+    cxx = compiler()
+    if cxx is None:
+        raise InputError(f"the plan's CPU kernels need a C++ compiler ({no_compiler()}): {toolchain.cxx_install()}; "
+                         "or recompile the plan here (plan compile ... --device cpu), where it keeps the NumPy kernels")
+    return build_library(source, FLAGS + ISAS[isa], f"cpu-{isa}", cxx)
 
 
 class CpuLibrary:

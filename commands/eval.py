@@ -27,7 +27,7 @@ from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import Window, kv_blocks_needed, score, windows
 
-from . import eval_base, eval_stats, llama_cpp
+from . import eval_base, eval_stats, llama_cpp, numpy_fallback
 
 DEFAULT_CTX = 512  # llama-perplexity's
 
@@ -90,6 +90,7 @@ def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
         raise InputError(f"--ctx {ctx}: a window needs at least 4 tokens")
     engine = Engine.load(plan, device=args.device, model_path=args.model,
                          kv_blocks=kv_blocks_needed(limits.chunk, ctx), threads=args.threads)
+    numpy_fallback.announce("eval", engine.header, engine.body, plan, is_gguf(args.plan))
     return engine, ctx
 
 

@@ -14,9 +14,9 @@ from typing import Any
 from llmplan.core.console import format_table, human_bytes, plural, print_json
 from llmplan.core.devices import DeviceFacts
 from llmplan.core.errors import InputError
-from llmplan.core.layouts import LAYOUTS, layout_bytes
+from llmplan.core.layouts import LAYOUTS, weight_bytes_beyond_file
 from llmplan.core.numerics import PAGE, pages_for
-from llmplan.core.plan_records import PlanBody, PlanHeader, RopeTable, WeightInfo, to_wire
+from llmplan.core.plan_records import PlanBody, PlanHeader, RopeTable, to_wire
 from llmplan.core.planfile import read_body, read_header
 
 
@@ -51,15 +51,6 @@ def _layouts(body: PlanBody) -> dict[str, dict[str, Any]]:
             d["tensors"].append(name)
             d["bytes"] += info.bytes
     return out
-
-
-def weight_bytes_beyond_file(w: WeightInfo) -> int:
-    """What a weight costs beyond the mapped file: its copies made at load, less its file bytes where
-    every layout is a copy (the runtime releases those pages: models/gguf.py GGUFFile.release)."""
-    copies = sum(info.bytes for layout, info in w.layouts.items() if LAYOUTS[layout].copies)
-    if w.layouts and all(LAYOUTS[layout].copies for layout in w.layouts):
-        copies -= layout_bytes("plain", w.format, tuple(w.shape))
-    return copies
 
 
 def held_beyond_file(header: PlanHeader, body: PlanBody, layouts: dict[str, dict[str, Any]],

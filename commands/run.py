@@ -24,7 +24,7 @@ from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
 from llmplan.runtime.trace import Trace, span
 
-from . import llama_cpp
+from . import llama_cpp, numpy_fallback
 
 EMU_DEFAULT_TARGET = "sm_90"
 
@@ -133,6 +133,7 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
         plan = _plan(args)
     engine = Engine.load(plan, device=args.device, model_path=args.model, max_seqs=args.max_seqs,
                          kv_blocks=args.kv_blocks, trace=trace, threads=args.threads)
+    numpy_fallback.announce("run", engine.header, engine.body, plan, is_gguf(args.plan))
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")

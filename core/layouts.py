@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .formats import FORMATS, Format, dequantize, k_scale_min, nibbles, planes, q6k_values
+from .plan_records import WeightInfo
 
 
 def _rows_k(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -33,7 +34,7 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
-ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6 BYTES)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6, through formats.h)
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
@@ -95,9 +96,11 @@ def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
         lo, hi = _chunks(q & np.uint8(15)), q >> np.uint8(4)
         top = hi.reshape(groups, nsb, ROWS16, 2, 4, 8, 4)  # (.., row, G, i, t, byte): value 128G + 32i + 4t + byte
         top = (top << (2 * np.arange(4, dtype=np.uint8)).reshape(4, 1, 1)).sum(axis=-3, dtype=np.uint8)
-        parts = [flat(b["d"], 32), flat(by_row(b["scales"].reshape(-1, 16)), 256),
-                 flat(lo[..., 0, :, :, :] | lo[..., 1, :, :, :] << np.uint8(4), 2048),
-                 flat(np.moveaxis(top, -4, -2), 1024)]  # (G, t, row, byte)
+        ql = flat(lo[..., 0, :, :, :] | lo[..., 1, :, :, :] << np.uint8(4), 2048).reshape(groups, nsb, 4, 8, 64)
+        qh = flat(np.moveaxis(top, -4, -2), 1024).reshape(groups, nsb, 2, 8, 64)  # (G, t, row x byte)
+        parts = [flat(b["d"], 32), flat(by_row(b["scales"].reshape(-1, 16)), 256)]
+        for G in range(2):  # group 2G's low bits interleaved with G's high bits, then group 2G + 1's
+            parts += [flat(np.stack([ql[:, :, 2 * G], qh[:, :, G]], axis=-2), 1024), flat(ql[:, :, 2 * G + 1], 512)]
     return np.concatenate(parts, axis=-1).reshape(-1)
 
 
@@ -135,7 +138,7 @@ LAYOUTS: dict[str, Layout] = {
     "blocks": Layout("blocks", 1, False, _file_bytes, lambda raw, fmt, shape, consumed: raw,
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
-    "rows16": Layout("rows16", 1, True, _rows16_bytes, _rows16,
+    "rows16": Layout("rows16", 2, True, _rows16_bytes, _rows16,
                      "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
                      "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),
@@ -152,6 +155,15 @@ LAYOUTS: dict[str, Layout] = {
 
 def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
     return LAYOUTS[layout].bytes(FORMATS[fmt.upper()], tuple(shape))
+
+
+def weight_bytes_beyond_file(w: WeightInfo) -> int:
+    """What a plan's weight costs beyond the mapped file: its copies made at load, less its file bytes
+    where every layout is a copy (the runtime releases those pages)."""
+    copies = sum(info.bytes for layout, info in w.layouts.items() if LAYOUTS[layout].copies)
+    if w.layouts and all(LAYOUTS[layout].copies for layout in w.layouts):
+        copies -= layout_bytes("plain", w.format, tuple(w.shape))
+    return copies
 
 
 def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...],

@@ -2,7 +2,8 @@
 
 `config_from_gguf` reads the keys llama.cpp reads for each architecture (with llama.cpp's defaults);
 `config_to_metadata` writes them back the way llama.cpp's converter names them, so the synthetic-model
-builder and the reader cannot drift apart.
+builder and the reader cannot drift apart. Which optional tensors a file has (tied output, biases, fused
+q|k|v, rope factors) is part of the config too: it is read from the tensor table.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from gguf import GGUFValueType as V
 from .errors import ConfigError
 from .gguf import GGUFFile, MetaValue
 
-SUPPORTED_ARCHITECTURES = ("llama", "gemma3")
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: every sixth layer attends globally
 ROPE_BASE_SWA_DEFAULT = 10000.0
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
@@ -46,6 +46,7 @@ class ModelConfig:
     ffn_dim: int
     vocab_size: int
     context_length: int
+    rope_original_context: int  # rope.scaling.original_context_length (llama.cpp's n_ctx_orig_yarn)
     norm_eps: float
     rope_base: float
     rope_dims: int
@@ -61,6 +62,13 @@ class ModelConfig:
     rope_base_swa: float = ROPE_BASE_SWA_DEFAULT
     tied_output: bool = False  # output head shares token_embd.weight
     logit_softcap: float = 0.0
+    # rotary pairs: "norm" rotates (2i, 2i+1), "neox" (i, i + rope_dims/2); dims past rope_dims pass unrotated
+    rope_mode: str = "norm"
+    qkv_bias: bool = False  # q, k and v projections add a bias (Qwen2)
+    fused_qkv: bool = False  # q|k|v stored as one attn_qkv matrix, rows in that order (Phi-3)
+    fused_gate_up: bool = False  # gate|up stored as one ffn_up matrix of 2 * ffn_dim rows, gate first (Phi-3)
+    longrope: bool = False  # LongRoPE: rope_factors_long/short.weight divide the frequencies (Phi-3)
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: the rotated dims of q and k are multiplied by it
 
     @property
     def q_dim(self) -> int:
@@ -73,6 +81,17 @@ class ModelConfig:
     def is_swa(self, layer: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[layer]
 
+    def rope_factors(self, ctx: int) -> str | None:
+        """The tensor of per-frequency divisors the rotary embedding uses at a context of `ctx` tokens per
+        sequence, as llama.cpp's get_rope_factors picks it: rope_freqs.weight where the file has it; with
+        LongRoPE the long factors once the context exceeds the original one, else the short; else none.
+        (llama.cpp rounds its context up to a multiple of 256 first.)"""
+        if self.rope_freqs:
+            return "rope_freqs.weight"
+        if self.longrope:
+            return "rope_factors_long.weight" if ctx > self.rope_original_context else "rope_factors_short.weight"
+        return None
+
     def layer_rope(self, layer: int) -> tuple[float, float]:
         """(base, position scale) of the rotary embedding in one layer."""
         if self.is_swa(layer):
@@ -83,6 +102,32 @@ class ModelConfig:
         d = asdict(self)
         d["swa_layers"] = [i for i, s in enumerate(self.swa_layers) if s]
         return d
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What llama.cpp builds for one architecture (src/models/<arch>.cpp) that a config records."""
+
+    traits: dict[str, Any]  # ModelConfig fields every file of it has (rope_mode: llama_model_rope_type)
+    optional: tuple[str, ...] = ()  # the TENSOR_FLAGS it reads from the tensor table
+    q_is_dim: bool = False  # create_tensor_qkv gets embedding_length as the query width
+    rope_is_head: bool = False  # rope.dimension_count must equal the head size (a load error or graph assert)
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "llama": Architecture({"rope_mode": "norm"}, ("rope_freqs", "fused_qkv", "qkv_bias"), rope_is_head=True),
+    "gemma3": Architecture({"rope_mode": "neox", "activation": "gelu_tanh", "qk_norm": True, "sandwich_norms": True},
+                           ("rope_freqs",)),
+    "qwen2": Architecture({"rope_mode": "neox"}, ("fused_qkv", "qkv_bias"), q_is_dim=True, rope_is_head=True),
+    "qwen3": Architecture({"rope_mode": "neox", "qk_norm": True}, ("fused_qkv", "qkv_bias"), rope_is_head=True),
+    "phi3": Architecture({"rope_mode": "neox", "fused_gate_up": True}, ("fused_qkv", "qkv_bias", "longrope"),
+                         q_is_dim=True),
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+
+# ModelConfig flags that say which optional tensors a file has, and how an error names them
+TENSOR_FLAGS = {"rope_freqs": "rope_freqs.weight", "longrope": "rope_factors_long/short.weight",
+                "fused_qkv": "attn_qkv.weight", "qkv_bias": "q/k/v biases"}
 
 
 def gemma3_swa_layers(n_layers: int, pattern: int = GEMMA3_SWA_PATTERN) -> tuple[bool, ...]:
@@ -148,6 +193,18 @@ def _layers_in_table(f: GGUFFile) -> set[int]:
     return layers
 
 
+def _tensor_flags(f: GGUFFile, spec: Architecture) -> dict[str, bool]:
+    """The TENSOR_FLAGS the architecture reads, from layer 0 and the global tensors (bind_tensors checks
+    every layer). Biases count in the weights' layout: a fused attn_qkv with separate q/k/v biases, which
+    llama.cpp also loads, is left to fail binding."""
+    fused = "blk.0.attn_qkv.weight" in f.tensors
+    present = {"rope_freqs": "rope_freqs.weight" in f.tensors,
+               "longrope": "rope_factors_long.weight" in f.tensors,
+               "fused_qkv": fused,
+               "qkv_bias": f"blk.0.{'attn_qkv' if fused else 'attn_q'}.bias" in f.tensors}
+    return {k: present[k] for k in spec.optional}
+
+
 def config_from_gguf(f: GGUFFile) -> ModelConfig:
     """Read and check the hyperparameters; raises ConfigError naming the offending key or value."""
     arch = f.get("general.architecture")
@@ -156,6 +213,7 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ConfigError(f"{f.path}: architecture '{arch}' is not supported "
                           f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+    spec = ARCHITECTURES[arch]
     m = _Meta(f, arch)
     n_layers = m.int("{arch}.block_count")
     dim = m.int("{arch}.embedding_length")
@@ -177,6 +235,7 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
     if scaling not in ("none", "linear"):
         raise ConfigError(f"{f.path}: {arch}.rope.scaling.type '{scaling}' is not supported (none, linear)")
     factor = m.float("{arch}.rope.scaling.factor", 0.0)
+    context = m.int("{arch}.context_length")
     tokens = f.get("tokenizer.ggml.tokens")
     embd = f.tensors.get("token_embd.weight")
     vocab_default = len(tokens) if tokens is not None else (embd.shape[1] if embd and len(embd.shape) > 1 else 0)
@@ -186,20 +245,21 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
         ffn_dim=m.int("{arch}.feed_forward_length"),
         vocab_size=m.int("{arch}.vocab_size", vocab_default),
-        context_length=m.int("{arch}.context_length"),
+        context_length=context,
         norm_eps=m.float("{arch}.attention.layer_norm_rms_epsilon"),
         rope_base=m.float("{arch}.rope.freq_base", 10000.0),
         rope_dims=rope_dims,
-        rope_scale=1.0 if factor == 0.0 else 1.0 / factor,
-        rope_freqs="rope_freqs.weight" in f.tensors,
+        # llama.cpp never scales positions when the scaling type is none
+        rope_scale=1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor,
+        rope_attn_factor=m.float("{arch}.rope.scaling.attn_factor", 1.0),
+        # llama.cpp takes a zero here as absent
+        rope_original_context=m.int("{arch}.rope.scaling.original_context_length", context) or context,
         tied_output=bool(f.tensors) and "output.weight" not in f.tensors,
         attn_scale=_inv_sqrt(head_dim),
+        **spec.traits,
+        **_tensor_flags(f, spec),
     )
-    if arch == "llama":
-        cfg = ModelConfig(**common)
-        _check(f, rope_dims == head_dim, f"llama.rope.dimension_count {rope_dims} must equal the head size {head_dim}")
-    else:
-        cfg = _gemma3(f, m, common)
+    cfg = _gemma3(f, m, common) if arch == "gemma3" else ModelConfig(**common)
     validate_config(cfg, f.path)
     if f.tensors:
         layers = _layers_in_table(f)
@@ -226,7 +286,6 @@ def _gemma3(f: GGUFFile, m: _Meta, common: dict[str, Any]) -> ModelConfig:
     scale = _inv_sqrt(common["dim"] // common["n_heads"] if n_layers == 62 else common["head_dim"])
     return ModelConfig(
         **{**common, "attn_scale": scale},
-        activation="gelu_tanh", qk_norm=True, sandwich_norms=True,
         embed_scale=math.sqrt(common["dim"]),
         swa_window=window, swa_layers=swa,
         rope_base_swa=m.float("{arch}.rope.freq_base_swa", ROPE_BASE_SWA_DEFAULT),
@@ -251,12 +310,18 @@ def validate_config(c: ModelConfig, where: str) -> None:
         if not ok:
             raise ConfigError(f"{where}: {problem}")
 
+    check(a in ARCHITECTURES, f"architecture '{a}' is not supported (supported: {', '.join(ARCHITECTURES)})")
+    spec = ARCHITECTURES[a]
     check(1 <= c.n_layers <= MAX_LAYERS, f"{a}.block_count is {c.n_layers} (must be 1..{MAX_LAYERS})")
     check(c.dim >= 1, f"{a}.embedding_length is {c.dim}")
     check(c.n_heads >= 1, f"{a}.attention.head_count is {c.n_heads}")
     check(c.n_kv_heads >= 1 and c.n_heads % c.n_kv_heads == 0,
           f"{a}.attention.head_count_kv {c.n_kv_heads} does not divide head_count {c.n_heads}")
     check(c.head_dim >= 2 and c.head_dim % 2 == 0, f"head size {c.head_dim} must be even and >= 2")
+    check(not spec.q_is_dim or c.q_dim == c.dim, f"{a}.attention.key_length {c.head_dim} times head_count "
+                                                  f"{c.n_heads} must equal embedding_length {c.dim}")
+    check(not spec.rope_is_head or c.rope_dims == c.head_dim,
+          f"{a}.rope.dimension_count {c.rope_dims} must equal the head size {c.head_dim}")
     check(2 <= c.rope_dims <= c.head_dim and c.rope_dims % 2 == 0,
           f"{a}.rope.dimension_count {c.rope_dims} must be even and within the head size {c.head_dim}")
     check(c.ffn_dim >= 1, f"{a}.feed_forward_length is {c.ffn_dim}")
@@ -264,6 +329,10 @@ def validate_config(c: ModelConfig, where: str) -> None:
     check(c.context_length >= 1, f"{a}.context_length is {c.context_length}")
     check(c.norm_eps > 0, f"{a}.attention.layer_norm_rms_epsilon is {c.norm_eps}")
     check(c.rope_base > 0 and c.rope_base_swa > 0, f"{a}.rope.freq_base is {c.rope_base}")
+    check(c.rope_attn_factor > 0, f"{a}.rope.scaling.attn_factor is {c.rope_attn_factor}")
+    check(c.rope_original_context >= 1, f"{a}.rope.scaling.original_context_length is {c.rope_original_context}")
+    for flag, what in TENSOR_FLAGS.items():
+        check(not getattr(c, flag) or flag in spec.optional, f"{a} models have no {what}")
     check(len(c.swa_layers) in (0, c.n_layers), f"sliding-window pattern covers {len(c.swa_layers)} of "
                                                 f"{c.n_layers} layers")
 
@@ -286,10 +355,17 @@ def config_to_metadata(c: ModelConfig) -> list[tuple[str, MetaValue]]:
         f32("{arch}.rope.freq_base", c.rope_base),
         f32("{arch}.attention.layer_norm_rms_epsilon", c.norm_eps),
     ]
+    head_keys = [u32("{arch}.attention.key_length", c.head_dim), u32("{arch}.attention.value_length", c.head_dim)]
     if c.arch == "llama":
         out += [u32("{arch}.vocab_size", c.vocab_size), u32("{arch}.rope.dimension_count", c.rope_dims)]
-    else:
-        out += [u32("{arch}.attention.key_length", c.head_dim), u32("{arch}.attention.value_length", c.head_dim)]
+        if c.q_dim != c.dim:  # Mistral Nemo: the head size is not embedding_length / head_count
+            out += head_keys
+    elif c.arch == "qwen3":
+        out += head_keys
+    elif c.arch == "phi3":
+        out.append(u32("{arch}.rope.dimension_count", c.rope_dims))
+    elif c.arch == "gemma3":
+        out += head_keys
         if c.swa_window:
             out.append(u32("{arch}.attention.sliding_window", c.swa_window))
             if c.swa_layers != gemma3_swa_layers(c.n_layers):
@@ -302,4 +378,8 @@ def config_to_metadata(c: ModelConfig) -> list[tuple[str, MetaValue]]:
     if c.rope_scale != 1.0:
         out += [(f"{c.arch}.rope.scaling.type", MetaValue(V.STRING, "linear")),
                 f32("{arch}.rope.scaling.factor", 1.0 / c.rope_scale)]
+    if c.rope_original_context != c.context_length:
+        out.append(u32("{arch}.rope.scaling.original_context_length", c.rope_original_context))
+    if c.rope_attn_factor != 1.0:
+        out.append(f32("{arch}.rope.scaling.attn_factor", c.rope_attn_factor))
     return out

@@ -11,35 +11,7 @@ from .architectures import definition
 from .config import ModelConfig, config_from_gguf
 from .errors import ConfigError
 from .gguf import GGUFFile, TensorInfo
-
-
-def expected_tensors(c: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Tensor name -> shape (GGUF order, row length first) that the architecture needs, in llama.cpp's
-    file order: tensors outside the layers sorted by name, then each layer's sorted by name."""
-    top = {"token_embd.weight": (c.dim, c.vocab_size), "output_norm.weight": (c.dim,)}
-    if not c.tied_output:
-        top["output.weight"] = (c.dim, c.vocab_size)
-    if c.rope_freqs:
-        top["rope_freqs.weight"] = (c.rope_dims // 2,)
-    layer = {
-        "attn_norm": (c.dim,),
-        "attn_q": (c.dim, c.q_dim),
-        "attn_k": (c.dim, c.kv_dim),
-        "attn_v": (c.dim, c.kv_dim),
-        "attn_output": (c.q_dim, c.dim),
-        "ffn_norm": (c.dim,),
-        "ffn_gate": (c.dim, c.ffn_dim),
-        "ffn_up": (c.dim, c.ffn_dim),
-        "ffn_down": (c.ffn_dim, c.dim),
-    }
-    if c.qk_norm:
-        layer |= {"attn_q_norm": (c.head_dim,), "attn_k_norm": (c.head_dim,)}
-    if c.sandwich_norms:
-        layer |= {"post_attention_norm": (c.dim,), "post_ffw_norm": (c.dim,)}
-    out = dict(sorted(top.items()))
-    for i in range(c.n_layers):
-        out |= {f"blk.{i}.{k}.weight": v for k, v in sorted(layer.items())}
-    return out
+from .tensor_table import expected_tensors
 
 
 def bind_tensors(f: GGUFFile, c: ModelConfig) -> dict[str, TensorInfo]:

@@ -31,6 +31,12 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+def _is_attn_v(name: str) -> bool:
+    # llama.cpp's category_is_attn_v: a fused attn_qkv takes attn_v's rules (its own ATTENTION_QKV branch
+    # comes after that one and is never reached)
+    return name.endswith(("attn_v.weight", "attn_qkv.weight"))
+
+
 def _quantizable(name: str, shape: tuple[int, ...]) -> bool:
     # llama.cpp's tensor_allows_quantization, for the tensors our architectures have
     return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
@@ -46,7 +52,7 @@ def tensor_formats(c: ModelConfig, recipe: str, shapes: dict[str, tuple[int, ...
         raise InputError(f"unknown recipe {recipe!r} (choose from {', '.join(RECIPES)})")
     default = RECIPES[recipe][0]
     quantized = default not in ("F32", "F16")
-    n_attn_v = sum(1 for n in shapes if n.endswith("attn_v.weight"))
+    n_attn_v = sum(1 for n in shapes if _is_attn_v(n))
     i_attn_v = 0
     out = {}
     for name, shape in shapes.items():
@@ -61,10 +67,10 @@ def tensor_formats(c: ModelConfig, recipe: str, shapes: dict[str, tuple[int, ...
         if name == "output.weight" or (c.tied_output and name == "token_embd.weight"):
             # the output head (or the embedding that doubles as it) gets 6 bits unless rows do not fit
             fmt = "Q8_0" if not _fits(fmt, ncols) else ("Q6_K" if fmt != "Q8_0" else fmt)
-        elif name.endswith("attn_v.weight"):
+        elif _is_attn_v(name):
             if recipe == "Q4_K_M" and use_more_bits(i_attn_v, n_attn_v):
                 fmt = "Q6_K"
-            if _is_llama_70b(c) and fmt in ("Q3_K", "Q4_K"):
+            if _is_type_70b(c) and fmt in ("Q3_K", "Q4_K"):
                 fmt = "Q5_K"
             i_attn_v += 1
         elif name.endswith("ffn_down.weight"):
@@ -79,9 +85,9 @@ def tensor_formats(c: ModelConfig, recipe: str, shapes: dict[str, tuple[int, ...
     return out
 
 
-def _is_llama_70b(c: ModelConfig) -> bool:
-    # llama.cpp's LLM_TYPE_70B: 80 llama layers with grouped-query attention
-    return c.arch == "llama" and c.n_layers == 80 and c.n_heads != c.n_kv_heads
+def _is_type_70b(c: ModelConfig) -> bool:
+    # llama.cpp's LLM_TYPE_70B: 80 llama layers with grouped-query attention, or 80 qwen2 layers
+    return c.n_layers == 80 and (c.arch == "qwen2" or c.arch == "llama" and c.n_heads != c.n_kv_heads)
 
 
 def file_type(recipe: str) -> int:

@@ -27,6 +27,15 @@ TURN_TEMPLATE = (
     "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
     "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
 )
+# Phi-3.5-mini's template
+PHI3_TEMPLATE = (
+    "{% for message in messages %}{% if message['role'] == 'system' and message['content'] %}"
+    "{{'<|system|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'user' %}"
+    "{{'<|user|>\n' + message['content'] + '<|end|>\n'}}{% elif message['role'] == 'assistant' %}"
+    "{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+PHI3_TOKENS = ("<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>")
 
 
 def gpt2_byte_chars() -> list[str]:
@@ -85,7 +94,7 @@ def _spm(specials: list[tuple[str, TokenType]], vocab_size: int, rng: np.random.
 
 
 def tokenizer_metadata(style: str, vocab_size: int, seed: int) -> list[tuple[str, MetaValue]]:
-    """tokenizer.* keys for a synthetic vocabulary: 'llama-spm', 'gemma3' or 'llama3-bpe'."""
+    """tokenizer.* keys for a synthetic vocabulary: 'llama-spm', 'phi3-spm', 'gemma3' or 'llama3-bpe'."""
     rng = np.random.default_rng([seed, 0x70C])
     C, U = TokenType.CONTROL, TokenType.USER_DEFINED
     if style == "llama3-bpe":
@@ -94,6 +103,12 @@ def tokenizer_metadata(style: str, vocab_size: int, seed: int) -> list[tuple[str
         specials = [("<unk>", TokenType.UNKNOWN), ("<s>", C), ("</s>", C), ("<start_of_turn>", U), ("<end_of_turn>", U)]
         ids = {"bos": 1, "eos": 2, "unknown": 0}
         extra = [("tokenizer.ggml.add_bos_token", MetaValue(V.BOOL, True)),
+                 ("tokenizer.ggml.add_eos_token", MetaValue(V.BOOL, False))]
+    elif style == "phi3-spm":
+        # llama.cpp requires <|endoftext|> in a model whose general.name says phi3 (it sets the chat tokens' rstrip)
+        specials = [("<unk>", TokenType.UNKNOWN), ("<s>", C), ("</s>", C)] + [(t, C) for t in PHI3_TOKENS]
+        ids = {"bos": 1, "eos": 3, "unknown": 0}
+        extra = [("tokenizer.ggml.add_bos_token", MetaValue(V.BOOL, False)),
                  ("tokenizer.ggml.add_eos_token", MetaValue(V.BOOL, False))]
     elif style == "gemma3":
         specials = [("<pad>", C), ("<eos>", C), ("<bos>", C), ("<unk>", C), ("<mask>", C),
@@ -113,7 +128,8 @@ def tokenizer_metadata(style: str, vocab_size: int, seed: int) -> list[tuple[str
         ("tokenizer.ggml.token_type", _arr(types, V.INT32)),
     ]
     out += [(f"tokenizer.ggml.{k}_token_id", MetaValue(V.UINT32, v)) for k, v in ids.items()]
-    return out + extra + [("tokenizer.chat_template", MetaValue(V.STRING, TURN_TEMPLATE))]
+    template = PHI3_TEMPLATE if style == "phi3-spm" else TURN_TEMPLATE
+    return out + extra + [("tokenizer.chat_template", MetaValue(V.STRING, template))]
 
 
 def _llama3_specials(vocab_size: int) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
+import hashlib
 import os
 import platform
 import time
@@ -246,10 +247,12 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
              progress: Progress | None = None) -> str:
     """The plan `plan run MODEL.gguf` uses: compiled once for `device` (default this machine's CPU; a GPU
     target for the emulated GPU), then taken from the cache. It takes the tune store's entries but
-    probes nothing (the heuristic decides the rest, and `progress` says how to measure them)."""
+    probes nothing (the heuristic decides the rest, and `progress` says how to measure them). A CPU plan
+    is cached apart by its kernels, so the first run after a C++ compiler is installed compiles anew."""
     model = open_model(gguf)
     device = device or local_cpu()
-    cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}")
+    kernels = "" if device.backend != "cpu" else ".native" if cpu_build.available() else ".numpy"
+    cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}{kernels}")
     if not _readable(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
         t0 = time.perf_counter()
@@ -286,7 +289,10 @@ def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:
 
 
 def _cache_stem(model: Model, device: DeviceFacts) -> str:
+    """The model, the device and the weight layouts' versions: a plan whose layouts this runtime no longer
+    makes is compiled again, not refused."""
     fp = model_fingerprint(model.file)
+    versions = "".join(f"{name}{lay.version}" for name, lay in sorted(LAYOUTS.items()))
     return (f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}."
-            f"{device.key.replace(':', '_')}")
+            f"{device.key.replace(':', '_')}.{hashlib.sha256(versions.encode()).hexdigest()[:8]}")
 

@@ -18,18 +18,16 @@ import json
 from dataclasses import dataclass
 from typing import Callable
 
-from llmplan.codegen import cpu_build, toolchain
-from llmplan.codegen.cpu_families import FAMILY_MODULE, matmul
+from llmplan.codegen import cpu_build
+from llmplan.codegen.cpu_families import matmul
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.core.devices import DeviceFacts
 from llmplan.core.errors import InputError
+from llmplan.core.op_traits import MODULES
 from llmplan.core.plan_records import CpuSection, KernelCall, KernelInfo, Phase, Weight
 from llmplan.core.tune_store import TIE, TuneStore, Verdict, provenance, record
 
 from . import cpu_decisions
-
-NO_COMPILER = ("no C++ compiler (clang++-19 is not on PATH): the NumPy twins run (runtime/numpy_kernels.py), "
-               "dequantizing projections to float32 at load; install clang-19 and recompile for the native kernels")
 
 
 def _vector(ref):
@@ -44,7 +42,7 @@ def lower_native(phases: dict[str, Phase], table: dict[str, tuple[str, tuple[int
     for p in phases.values():
         ctx = Context(p.buffers, table, None, p.dims)
         for launch in p.launches:
-            family = importlib.import_module(f"llmplan.codegen.cpu_families.{FAMILY_MODULE[launch.op]}")
+            family = importlib.import_module(f"llmplan.codegen.cpu_families.{MODULES[launch.family].cpu}")
             calls = family.launches(launch, ctx)
             launch.kernels = [KernelCall(ln.kernel.name, ln.grid, 1, 0, [_vector(a) for a in ln.args]) for ln in calls]
             if not launch.decision:
@@ -61,10 +59,11 @@ def lower_native(phases: dict[str, Phase], table: dict[str, tuple[str, tuple[int
 def section(kernels: dict[str, Kernel], source: str, isa: str, why: str) -> tuple[dict[str, KernelInfo], CpuSection]:
     """The plan's kernel table (name -> parameter types) and its `cpu` section: the kernels' translation
     unit (cpu_build.render), its SIMD path and `why` that one."""
+    cxx = cpu_build.compiler()
     return ({name: KernelInfo(list(k.params), 1) for name, k in sorted(kernels.items())},
             CpuSection("native", f"the CPU target's compiled kernels, SIMD path {isa} ({why}; this machine runs "
-                                 f"{', '.join(cpu_build.host_isas())})",
-                       isa, toolchain.version(toolchain.clang()), source))
+                                 f"{', '.join(cpu_build.host_isas())}), built with {cxx.describe()}",
+                       isa, cxx.identity, source))
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, Phase], table, sour
     key = (f"cpu:isa:{arch}:decode-{hashlib.sha256(json.dumps(step).encode()).hexdigest()[:12]}"
            f":ctx{phases['decode'].dims['ctx']}")
     build_id = hashlib.sha256("\0".join([source, repr((cpu_build.FLAGS, cpu_build.ISAS)),
-                                         toolchain.version(toolchain.clang())]).encode()).hexdigest()[:16]
+                                         cpu_build.compiler().identity]).encode()).hexdigest()[:16]
     cands = isa_candidates()
     look = store.load(device.tune_key, key, build_id)
     winner = look.entry["winner"] if look.entry else None
@@ -134,5 +133,6 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, Phase], table, sour
 
 
 def fallback() -> tuple[dict[str, KernelInfo], CpuSection]:
-    """The plan's record when the NumPy twins stay."""
-    return {}, CpuSection("numpy", NO_COMPILER)
+    """The plan's record when the NumPy twins stay (runtime/numpy_kernels.py: projections dequantized to
+    float32 at load)."""
+    return {}, CpuSection("numpy", cpu_build.no_compiler())

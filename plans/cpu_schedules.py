@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core.plan_records import I32, Launch, Phase, Weight
@@ -98,7 +98,7 @@ class NativeTasks:
     def build_id(self) -> str:
         """What the measurements measured: the CPU kernels' sources, the SIMD path, the compiler."""
         sources = sorted(cpu_build.CPU_DIR.glob("*.h"))
-        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, toolchain.version(toolchain.clang())])
+        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, self.lib.library.compiler.identity])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @staticmethod

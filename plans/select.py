@@ -25,6 +25,7 @@ from llmplan.codegen.build import Build, BuildError, Manifest, build, gate, rend
 from llmplan.codegen.kernel import Context, Kernel, KernelLaunch
 from llmplan.codegen.targets import Target
 from llmplan.core.devices import DeviceFacts
+from llmplan.core.op_traits import MODULES
 from llmplan.core.plan_records import Buf, Launch, Phase, Ref, Weight
 from llmplan.core.tune_store import TuneStore, provenance
 
@@ -32,11 +33,10 @@ MATVEC_MAX_ROWS = 8  # more activation rows than this go to the GEMM tiles
 
 
 def family_module(launch: Launch, ctx: Context):
-    """The codegen/families/ module of a launch's kernel family (core/op_traits.py); the matmul family
-    has two: the wave mat-vec for a few rows, the GEMM tiles for more."""
-    name = launch.family
-    if name == "matmul":
-        name = "gemm" if ctx.bound(ctx.shape(launch.args[0])[0]) > MATVEC_MAX_ROWS else "matvec"
+    """The codegen/families/ module of a launch's kernel family (core/op_traits.py MODULES); of two, the
+    first serves up to MATVEC_MAX_ROWS activation rows, the second more."""
+    few, *more = MODULES[launch.family].gpu
+    name = more[0] if more and ctx.bound(ctx.shape(launch.args[0])[0]) > MATVEC_MAX_ROWS else few
     try:
         return importlib.import_module(f"llmplan.codegen.families.{name}")
     except ModuleNotFoundError:

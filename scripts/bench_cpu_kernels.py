@@ -20,7 +20,6 @@ the figures, and a busy machine makes every figure (ours and llama.cpp's) lower 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import resource
@@ -33,40 +32,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]
 
 from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (scripts/)
+from read_bandwidth import ReadBandwidth  # noqa: E402
 
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
-from llmplan.codegen.host import build_library  # noqa: E402
 from llmplan.commands import llama_cpp  # noqa: E402
 from llmplan.commands.inspect import summarize  # noqa: E402
 from llmplan.core import layouts  # noqa: E402
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, planes  # noqa: E402
 from llmplan.core.plan_records import Weight  # noqa: E402
 from llmplan.models.model import open_model  # noqa: E402
-
-_STREAM = r"""
-#include <stddef.h>
-#include <stdint.h>
-#include <thread>
-#include <vector>
-// the sum of n words read by `threads` threads, each its own contiguous share
-extern "C" uint64_t lp_bench_read(const uint64_t* p, size_t n, int threads) {
-  std::vector<uint64_t> sums(threads);
-  std::vector<std::thread> ts;
-  for (int t = 0; t < threads; ++t)
-    ts.emplace_back([&, t] {
-      uint64_t s[8] = {0};
-      for (size_t i = n * t / threads; i + 8 <= n * (t + 1) / threads; i += 8)
-        for (int j = 0; j < 8; ++j) s[j] += p[i + j];
-      sums[t] = s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
-    });
-  for (auto& t : ts) t.join();
-  uint64_t total = 0;
-  for (uint64_t s : sums) total += s;
-  return total;
-}
-"""
-
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
         "were made, sold and read across Europe. ")
@@ -79,20 +54,6 @@ def prompt_ids(tokenizer, n: int) -> list[int]:
     while len(ids) < n:
         ids += more
     return ids[:n]
-
-
-def bandwidth(threads: int, gib: float = 1.0, reps: int = 5) -> float:
-    """Read bandwidth in GB/s: the best of `reps` streams over `gib` GiB."""
-    lib = build_library(_STREAM, ["-std=c++20", "-O3", "-mavx2", "-pthread"], "bench").load()
-    lib.lp_bench_read.restype = ctypes.c_uint64
-    lib.lp_bench_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    buf = np.ones(int(gib * 2**30) // 8, np.uint64)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        lib.lp_bench_read(buf.ctypes.data, buf.size, threads)
-        best = min(best, time.perf_counter() - t0)
-    return buf.nbytes / best / 1e9
 
 
 def _activation(fmt: str, rows: int, k: int, rng) -> np.ndarray:
@@ -204,7 +165,7 @@ def main() -> None:
     ctx = max(args.ctx, args.prompt_tokens + args.decode + 1, 256)
     ours = whole_model(model, args.isa, args.threads, args.prompt_tokens, args.decode, ctx)  # first: its peak RSS
     result["llmplan_native"] = ours
-    result["read_gb_s"] = round(bandwidth(args.threads), 2)
+    result["read_gb_s"] = round(ReadBandwidth(args.threads, 1.0)(5), 2)
     result["projections"] = projections(model, args.isa, args.threads, [int(r) for r in args.rows.split(",")])
     use_llama = not args.no_llama_cpp and llama_cpp.available()
     if use_llama:

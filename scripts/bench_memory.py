@@ -23,7 +23,8 @@ sys.path[:0] = [HERE]
 
 from bench_run import compile_plan, plan_run_rss  # noqa: E402  (scripts/)
 
-from llmplan.commands.inspect import summarize, weight_bytes_beyond_file  # noqa: E402
+from llmplan.commands.inspect import summarize  # noqa: E402
+from llmplan.core.layouts import weight_bytes_beyond_file  # noqa: E402
 from llmplan.core.planfile import read_body, read_header  # noqa: E402
 
 

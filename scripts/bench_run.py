@@ -11,6 +11,9 @@ op of the prefill and of the decode, each launch timed alone through the executo
 `--long N` adds an N-token prompt at `--ctx` (and the decode after it). `--rss` measures the peak
 resident memory of `plan run` on the plan (a child process: the mapped file's pages it touched, the
 arena, the K/V cache, tables) and what `plan inspect` says it holds beyond the mapped file.
+The machine's read bandwidth (read_bandwidth.py: a stream over 0.5 GiB on --threads threads) is measured
+before each of our runs, and the decode is given as a fraction of it: the bytes a decoded token reads
+(`plan info`) x decode tokens/s / the median read bandwidth.
 `--seqs N` also times batched decode steps of N sequences through the engine (the decode-batch
 phase; scripts/bench_engine.py has the full table). `--tune-dir DIR` measures the plan
 whose decisions come from that tune store (probing what it lacks) next to the heuristic's plan, run
@@ -33,6 +36,9 @@ from collections import defaultdict
 import numpy as np
 
 from llmplan.commands import llama_cpp
+from llmplan.models.info import describe
+
+from read_bandwidth import ReadBandwidth  # scripts/ is on the path of a script run from it
 
 
 def _prompt(tokenizer, n: int) -> list[int]:
@@ -198,8 +204,11 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in configs}
     rater = llama_cpp.Rater(model, ctx, threads) if llama_cpp.available() else None
     their_runs = []
+    read = ReadBandwidth(threads)
+    reads = []
     for i in range(args.runs):  # llama.cpp's runs alternate with ours, on the first run's prompt
         for name, (engine, compile_s, _) in engines.items():
+            reads.append(read())
             time.sleep(SETTLE_S)
             runs[name].append(bench_llmplan(engine, compile_s, args.prompt_tokens, args.decode, args.seqs, i))
         if rater:
@@ -215,7 +224,14 @@ def main() -> None:
     ours["seconds_by_op"] = profile(engines["heuristic"][0], ours["ids"], args.decode)
     for p in plans.values():
         p.pop("ids")
-    result |= {"llmplan_cpu": ours, "llama_cpp": theirs}
+    del read
+    token_bytes = describe(model)["decode_bytes_per_token"]
+    read_gb_s = float(np.median(reads))
+    result |= {"llmplan_cpu": ours, "llama_cpp": theirs,
+               "roofline": {"read_gb_s": round(read_gb_s, 2), "read_gb_s_runs": [round(r, 2) for r in reads],
+                            "decode_bytes_per_token": token_bytes,
+                            "decode_gb_s": round(token_bytes * ours["decode_tok_s"] / 1e9, 2),
+                            "decode_of_read": round(token_bytes * ours["decode_tok_s"] / 1e9 / read_gb_s, 3)}}
     if "tuned" in plans:
         result["llmplan_cpu_tuned"] = plans["tuned"]
         result["tuned_over_heuristic"] = {k: round(plans["tuned"][k] / ours[k], 3) for k in speeds}
@@ -245,6 +261,9 @@ def main() -> None:
     if "tuned" in plans:
         print("  tuned / heuristic  " + "   ".join(f"{k} {v:.3f}x" for k, v in result["tuned_over_heuristic"].items()))
     print(f"  (load {ours['load_s']} s, weights copied at load {ours['weights_copied_mib']} MiB)")
+    r = result["roofline"]
+    print(f"  decode reads {r['decode_bytes_per_token'] / 1e9:.3f} GB a token: {r['decode_gb_s']} GB/s, "
+          f"{r['decode_of_read']:.0%} of the {r['read_gb_s']} GB/s read bandwidth measured before each run")
     rows = [("", ours, theirs, result.get("ratio"))]
     if args.long:
         rows.append((f"{args.long} tokens at ctx {args.ctx}: ", result["long"], result["long_llama_cpp"],

@@ -47,7 +47,8 @@ def test_plain_launch():
     assert wire(ln.args) == [{"buf": 0}, {"i32": "rows"}, {"i32": 4096},
                        {"weight": "blk.0.attn_output.weight", "layout": "planar"}, {"i32": 4096}, {"buf": 1}]
     assert k.entry.startswith("LP_KERNEL void __launch_bounds__(256) lp_gemm_mma_128x128_q4_k_res0(const void* x, "
-                              "int rows, int k, const void* w0, int n0, float* o0) { lp_gemm<128, 128, 0, 8, 8, 8, 1, 0, 0>(")
+                              "int rows, int k, const void* w0, int n0, float* o0) { lp_gemm<128, 128, 0, LP_FMT_Q4_K, "
+                              "LP_FMT_Q4_K, LP_FMT_Q4_K, 1, 0, 0>(")
 
 
 def test_segmented_launch():

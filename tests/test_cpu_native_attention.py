@@ -18,7 +18,7 @@ from llmplan.codegen.cpu_families import attention as at
 from llmplan.core import numerics as num
 from llmplan.runtime import numpy_kernels as ck
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
 from launch_records import lowered, wire
 
@@ -58,7 +58,7 @@ def setup(case, rng):
 ARGS = [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}]
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}_g{c[1]}_c{c[3]}" for c in CASES])
 def test_partial_matches_the_twin(case, isa, rng):
@@ -82,7 +82,7 @@ def test_partial_matches_the_twin(case, isa, rng):
     assert np.allclose(part[used][:, d], want[used][:, d], rtol=1e-5, atol=1e-5)  # the max scores
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}_g{c[1]}_c{c[3]}" for c in CASES])
 def test_prefill_attention_matches_the_twin_and_decode(case, isa, rng):
@@ -126,7 +126,7 @@ def _partials(rng, rows, heads, d, splits):
     return part
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", OUT_FORMATS)
 def test_reduce_matches_the_twin(fmt, isa, rng):

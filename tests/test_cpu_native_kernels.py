@@ -23,7 +23,7 @@ from llmplan.core import numerics as num
 from llmplan.core.numerics import rope_table
 from llmplan.runtime import numpy_kernels as ck
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, packed_buffer, page_table
 from launch_records import lowered, wire
 
@@ -87,7 +87,7 @@ def assert_packed_equal(got, want, fmt):
     assert nmse(ck.values(got), ck.values(want)) < 1e-7
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", OUT_FORMATS)
 @pytest.mark.parametrize("op", ["rmsnorm_pack", "pack"])
@@ -106,7 +106,7 @@ def test_norm_and_pack_match_the_twin(op, fmt, isa, rng):
     assert_packed_equal(got, want, fmt)
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("group", [384, 64])
 def test_rmsnorm_matches_the_twin(group, isa, rng):
@@ -128,7 +128,7 @@ def test_rmsnorm_matches_the_twin(group, isa, rng):
     assert nmse(out[fin], want[fin]) < 1e-13
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", embed.FORMATS)
 def test_embed_is_bit_exact(fmt, isa, rng):
@@ -144,7 +144,7 @@ def test_embed_is_bit_exact(fmt, isa, rng):
     assert np.isnan(out[4:]).all()
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("act", list(glu.ACTS))
 @pytest.mark.parametrize("fmt", ["q8_0", "q8_1", "q8_k", "f16", "bf16"])
@@ -172,7 +172,7 @@ def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
     assert np.mean(off & (np.abs(w) >= 1e-9)) < 0.01 and nmse(g, w) < 1e-7
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op", list(ew.OPS))
 def test_elementwise_matches_the_twin(op, isa, rng):
@@ -205,7 +205,7 @@ def test_elementwise_matches_the_twin(op, isa, rng):
     assert nmse(out[fin], want[fin]) < 1e-13
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype,k", [("f32", 640), ("f16", 5), ("i32", 3)])
 def test_take_rows_matches_the_twin(dtype, k, isa, rng):
@@ -227,7 +227,7 @@ def llama31_factors(dims: int) -> np.ndarray:
     return np.linspace(1.0, 8.0, dims // 2).astype(np.float32)
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op,mode,d,dims,heads,kvh", [("rope_kv", "norm", 128, 128, 4, 2),
                                                       ("rope_kv", "neox", 96, 64, 2, 1),
@@ -276,7 +276,7 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
     assert np.mean(kg == kw) > 0.99
 
 
-@needs_compiler
+@each_compiler
 def test_the_pool_runs_every_task_once_launch_after_launch(rng):
     """Hundreds of launches of many sizes back to back (the pool's tickets, late workers, sleeping and
     waking): every output is written by its own task, exactly once, every time."""

@@ -11,15 +11,18 @@ must not depend on the rows beside it, the task size or the thread count: checke
 
 from __future__ import annotations
 
+import subprocess
+
 import numpy as np
 import pytest
 
+from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, dequantize
 from llmplan.runtime.numpy_kernels import matmul as twin_matmul
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, random_activation
 from launch_records import lowered, wire
 
@@ -30,7 +33,7 @@ SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K",
 
 def catalog():
     ks = [matmul.kernel([f], False) for f in matmul.FORMATS] + [matmul.relayout(f) for f in matmul.RELAYOUT]
-    ks += [matmul.kernel_in_place(f) for f in matmul.RELAYOUT]
+    ks += [matmul.kernel_in_place(f) for f in matmul.RELAYOUT] + [matmul.kernel_tile_twin(f) for f in matmul.RELAYOUT]
     ks += [matmul.kernel([f], True) for f in matmul.FORMATS]
     ks += [matmul.kernel(s, False) for s in SEGMENTS]
     return ks
@@ -143,7 +146,7 @@ def test_segments_must_share_the_activation_format():
 
 # --- numbers ---------------------------------------------------------------------------------------------
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", matmul.FORMATS)
 def test_matmul_matches_the_twin(fmt, isa, rng):
@@ -151,7 +154,7 @@ def test_matmul_matches_the_twin(fmt, isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", matmul.FORMATS)
 def test_matmul_residual_matches_the_twin(fmt, isa, rng):
@@ -159,7 +162,7 @@ def test_matmul_residual_matches_the_twin(fmt, isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_residual_in_place(isa, rng):
     """The residual may be the output buffer itself: each element is read before it is written."""
@@ -167,7 +170,7 @@ def test_matmul_residual_in_place(isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("formats", SEGMENTS, ids="/".join)
 def test_matmul_segmented_matches_the_twin(formats, isa, rng):
@@ -176,7 +179,7 @@ def test_matmul_segmented_matches_the_twin(formats, isa, rng):
         assert nmse(g, w) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16"])
 def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
@@ -204,7 +207,7 @@ def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
         assert np.array_equal(alone[0][0], got[0][r]), f"row {r} differs alone"
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     """A NaN weight scale makes that weight row's outputs NaN for every activation row; an infinite f32
@@ -222,7 +225,7 @@ def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     assert np.array_equal(np.isfinite(got[0]), np.isfinite(want[0]))
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
     """Weights in rows16 records: exact integers per super-block, then the same float steps per row, so
@@ -234,7 +237,7 @@ def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
         assert np.array_equal(got[0], first[0]), isa
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     """The records the runtime's cpu driver makes at load (matmul.relayout) are core/layouts.py's, byte for
@@ -251,7 +254,7 @@ def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     assert len(done) == 2 and matmul.make_held(lib, "blocks", raw, fmt, (rows, k)) is None
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_in_place_kernels_of_relaid_out_formats_match_the_twin(fmt, isa, rng):
@@ -265,3 +268,64 @@ def test_the_in_place_kernels_of_relaid_out_formats_match_the_twin(fmt, isa, rng
     want = np.empty((rows, n), np.float32)
     twin_matmul("matmul", {}, [want], xt, dense)
     assert nmse(y, want) < TIGHT
+
+
+# --- the amx path: AMX int8 tiles over rows16 records (codegen/cpu/tiles.h) -----------------------------
+
+NO_AMX = "this machine has no AMX (CPU flags amx_tile and amx_int8, and the kernel's arch_prctl permission)"
+
+
+def tile_twin(isa, fmt, x, raw, rows, n, task_rows=16):
+    """The tile engine's scalar twin on path `isa`: outputs [rows, n], poisoned first and checked written."""
+    y = np.full((rows + 1, n), np.nan, np.float32)
+    fn = library(catalog, isa).entry(matmul.kernel_tile_twin(fmt).name)[0]
+    records = layouts.make("rows16", raw, fmt, (n, k_for(fmt)))
+    fn(x.ctypes.data, records.ctypes.data, y.ctypes.data, rows, k_for(fmt), n, task_rows, matmul.DEFAULT_AHEAD,
+       matmul.DEFAULT_COLS)
+    assert np.isnan(y[rows]).all() and not np.isnan(y[:rows]).any()
+    return y[:rows]
+
+
+@needs_compiler
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
+def test_the_tile_twin_gives_the_other_paths_bits(fmt, isa, rng):
+    """The amx path's code with its tile loads, dot products and stores computed in memory: for blocks of
+    16 activation rows and a partial last block, the same bits as the scalar reference path and this
+    path's own rows16 engine, and each row's result the same alone."""
+    rows, n = 37, 35
+    first, _, ((x, xt), ws) = project(ISAS[0], "matmul", [fmt], rows, [n], rng, "t8")
+    want = first[0]
+    path, _, _ = project(isa, "matmul", [fmt], rows, [n], rng, "t32", x=(x, xt), ws=ws)
+    got = tile_twin(isa, fmt, x, ws[0][0], rows, n)
+    assert np.array_equal(got, want) and np.array_equal(got, path[0])
+    for r in (0, 17, 36):
+        one, planes = activation(rng, fmt, 1, k_for(fmt))  # the same row, packed as a one-row buffer
+        for name, plane in xt.planes.items():
+            planes[name][...] = plane[r:r + 1]
+        assert np.array_equal(tile_twin(isa, fmt, one, ws[0][0], 1, n, 32)[0], want[r]), f"row {r} differs alone"
+
+
+@needs_compiler
+@pytest.mark.skipif("amx" not in ISAS, reason=NO_AMX)
+@pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
+def test_the_amx_path_gives_the_other_paths_bits(fmt, rng):
+    """On AMX: for more activation rows than one vector pass takes (tiles: full and partial blocks of 16)
+    and for fewer (the vector engine), the scalar reference path's bits and the twin's."""
+    n = 35
+    for rows in (5, 7, 16, 33):
+        want, _, ((x, xt), ws) = project(ISAS[0], "matmul", [fmt], rows, [n], rng, "t8")
+        got, _, _ = project("amx", "matmul", [fmt], rows, [n], rng, "t16", x=(x, xt), ws=ws)
+        assert np.array_equal(got[0], want[0]), f"{rows} rows"
+        assert np.array_equal(tile_twin("amx", fmt, x, ws[0][0], rows, n), want[0]), f"{rows} rows, twin"
+
+
+@needs_compiler
+def test_the_amx_path_compiles_to_tile_instructions():
+    """Every machine compiles the amx path (clang's -mamx-tile -mamx-int8): its rows16 kernels configure
+    the tiles, load them, take TDPBSUD and release them."""
+    source = cpu_build.render([matmul.kernel([f], False) for f in sorted(matmul.RELAYOUT)])
+    command = [toolchain.clang(), *cpu_build.FLAGS, *cpu_build.ISAS["amx"], "-S", "-x", "c++", "-o", "-", "-"]
+    asm = subprocess.run(command, input=source, capture_output=True, text=True, check=True).stdout
+    for instruction in ("ldtilecfg", "tileloadd", "tdpbsud", "tilestored", "tilerelease"):
+        assert f"\t{instruction}" in asm, instruction

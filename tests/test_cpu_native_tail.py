@@ -17,7 +17,7 @@ from llmplan.core import numerics as num
 from llmplan.core.formats import ACTIVATION_FORMAT
 from llmplan.runtime import numpy_kernels as ck
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from launch_records import lowered, wire
 
 HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
@@ -27,7 +27,7 @@ def catalog():
     return [tail.kernel(f, 512) for f in HEADS]
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", HEADS)
 def test_tail_argmax_matches_the_twin(fmt, isa, rng):

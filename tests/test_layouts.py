@@ -32,8 +32,11 @@ def decode_rows16(fmt: str, data: np.ndarray, rows: int, k: int) -> np.ndarray:
         w = d * sc * u.astype(np.float32) - dmin * np.repeat(m, 32, axis=-1).astype(np.float32)
     else:  # d sc (q - 32) per 16 values, q's bits 4..5 at bits 2i of the qh vectors
         sc = np.repeat(np.swapaxes(rec[..., 32:288].view(np.int8).reshape(groups, nsb, 16, 16), -1, -2), 16, axis=-1)
-        low = _values(rec[..., 288:2336].reshape(groups, nsb, 4, 8, 16, 4))
-        qh = rec[..., 2336:].reshape(groups, nsb, 2, 8, 16, 4)
+        per_g = rec[..., 288:].reshape(groups, nsb, 2, 1536)  # per 128 values G: (ql 2G, qh G) by t, ql 2G + 1
+        pairs = per_g[..., :1024].reshape(groups, nsb, 2, 8, 2, 16, 4)  # (.., G, t, ql or qh, row, byte)
+        ql = np.stack([pairs[..., 0, :, :], per_g[..., 1024:].reshape(groups, nsb, 2, 8, 16, 4)], axis=3)
+        low = _values(ql.reshape(groups, nsb, 4, 8, 16, 4))  # (.., g = 2G + odd, t, row, byte)
+        qh = pairs[..., 1, :, :]
         top = np.stack([qh >> 2 * i & 3 for i in range(4)], axis=-4)  # (.., G, i, t, row, byte)
         top = np.moveaxis(top, -2, -5).reshape(groups, nsb, 16, 256)
         w = d * sc.astype(np.float32) * ((low | top << 4).astype(np.float32) - 32)

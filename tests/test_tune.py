@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import numerics as num
 from llmplan.core import tune_store
@@ -34,7 +34,7 @@ from llmplan.runtime.requests import Request
 from llmplan.tuning import cpu_isa, probes
 from llmplan.tuning import cpu_schedules as cpu_schedules_probes
 
-from conftest import TINY_BPE, TINY_SPM
+from conftest import TINY_BPE, TINY_SPM, hide_cxx
 
 FAST = ["--round-ms", "0.5", "--ctx", "64", "--chunk", "16"]  # probes in tests: correct, not meaningful timings
 
@@ -164,7 +164,7 @@ def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
 @pytest.mark.parametrize("path", [TINY_SPM, TINY_BPE])
 def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path, kernels, monkeypatch):
     if kernels == "numpy":  # the plan compiled where no C++ compiler is: the NumPy twins' panels
-        monkeypatch.setattr(toolchain, "find", lambda tool, extra_dirs=(): None)
+        hide_cxx(monkeypatch)
     model = open_model(path)
     plan = tmp_path / "heuristic.plan"
     compile_model(model, local_cpu(), plan, ctx=64, chunk=16, max_seqs=2)  # no store: the heuristic

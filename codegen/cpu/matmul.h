@@ -7,7 +7,7 @@
 // weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
 // mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K and Q6_K,
 // which the runtime relays out once at load into 16-row records (weight codes LP_FMT_Q4_K_R16 and
-// LP_FMT_Q6_K_R16, rows16.h: their own engine, the same on every path).
+// LP_FMT_Q6_K_R16 of formats.h, rows16.h: their own engine, the same on every path).
 //
 // Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
 // gate|up are one launch; rows16 tasks rounded up to whole records); pool.h hands tasks to threads as
@@ -17,6 +17,7 @@
 // Paths (simd.h):
 //   scalar: quant.cuh's own dot<C> per piece (the GPU mat-vec's arithmetic, pieces in order), C = 4
 //     activation rows per pass over a weight row;
+//   amx: avx512's, but rows16 records against many activation rows on AMX int8 tiles (tiles.h);
 //   avx2 / avx512: register tiles of RT weight rows x CT activation rows (engines below; 256-bit on
 //     avx2, 512-bit integer engines on avx512), activation rows in the outer loop so a tile's
 //     activations stay in L1. With more activation rows than one tile holds, a task first unpacks its
@@ -34,6 +35,7 @@
 #include "quant.cuh"
 #include "rows16.h"
 #include "simd.h"
+#include "tiles.h"
 #include "unpack.h"
 
 namespace lp_cpu {
@@ -83,14 +85,10 @@ template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k
   }
 }
 
-// the activation format each weight format takes on the CPU (quant.cuh's, with f32 and bf16 values for
-// f32 and bf16 weights: core/formats.py ACTIVATION_FORMAT)
-enum { LP_ACT_F32 = 5, LP_ACT_BF16 = 6 };
+// the activation format each weight code takes (rows16 records: their format's, q8_k)
 template <int F> constexpr int act_of() {
-  if constexpr (F == LP_FMT_F32) return LP_ACT_F32;
-  else if constexpr (F == LP_FMT_BF16) return LP_ACT_BF16;
-  else if constexpr (is_r16<F>) return LP_ACT_Q8_K;
-  else return LpWeight<F>::ACT;
+  if constexpr (is_r16<F>) return LP_ACT_Q8_K;
+  else return LpFormat<F>::ACT;
 }
 
 // --- the scalar path ----------------------------------------------------------------------------------
@@ -541,8 +539,8 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 #endif
 
 // Rows16 records (rows16.h): weight rows [r0, r1) (r0 a multiple of 16) against every activation row.
-// Tiles of a record's rows x CT activation rows: one row (decode) takes its four 64-value groups in
-// flight; more take `cols` rows a pass (the tune store's decision; 0: CT_R16, at most CT_R16_MAX), one
+// Tiles of a record's rows x CT activation rows: one row (decode) keeps 4 independent sums per
+// sub-block (rows16.h r16_tile); more take `cols` rows a pass (the tune store's decision; 0: CT_R16, at most CT_R16_MAX), one
 // group at a time. Each lane's steps are the same at any width, so the width never changes a bit. A
 // task's records are one stream: no prefetch.
 #if LP_CPU_ISA >= 2
@@ -571,9 +569,18 @@ inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Ac
   }
 }
 #endif
-template <class Rec, class Out>
+// Which engine rows16 records run on: the path's own (on amx, AMX tiles for more activation rows than
+// one pass of the vector engine takes, each record then read once for all of them), or the tile
+// engine's scalar twin (tiles.h), which the tests hold to the other paths' bits.
+enum R16Engine { R16_PATH, R16_TWIN };
+
+template <class Rec, R16Engine E, class Out>
 inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, Out& out) {
   const Rows16<Rec> w{(const uint8_t*)raw, a.k / 256};
+  if constexpr (E == R16_TWIN) return r16_tiles<TwinTiles>(w, r0, r1, a, out);
+#if LP_CPU_ISA >= 3
+  if (a.rows > CT_R16_MAX) return r16_tiles<AmxTiles>(w, r0, r1, a, out);
+#endif
   for (int group = r0 / R16; R16 * group < r1; ++group) {
     const int rows_here = lp_min(R16, r1 - R16 * group);
 #if LP_CPU_ISA >= 1
@@ -592,10 +599,10 @@ inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, O
 
 // weight rows [r0, r1) of a weight in format F (rows n, row length a.k) against every activation row;
 // the one-row engines prefetch `ahead` tiles on; rows16 records take `cols` activation rows a pass
-template <int F, class Out>
+template <int F, R16Engine E, class Out>
 inline void weight_rows(const void* raw, int n, int r0, int r1, const Acts& a, int ahead, int cols, Out& out) {
   if constexpr (is_r16<F>) {
-    rows_r16<typename R16Rec<F>::type>(raw, r0, r1, a, cols, out);
+    rows_r16<typename R16Rec<F>::type, E>(raw, r0, r1, a, cols, out);
   } else {
     const LpWeight<F, LP_BLOCKS> w(raw, n, a.k);
 #if LP_CPU_ISA >= 1
@@ -617,7 +624,7 @@ template <int F> constexpr int task_rows_of(int task_rows) {
 // The row loop of a projection launch: weights w[s] (format F0, F1, F2; n[s] rows each) against the
 // packed activations x [rows, k]; out(task, segment, weight row, activation row, value) for every
 // output, each from one task. Returns the task count (tail.h keeps a best per task).
-template <int F0, int F1, int F2, int NSEG, class Out>
+template <int F0, int F1, int F2, int NSEG, R16Engine E = R16_PATH, class Out>
 inline int project(const void* x, const void* const* w, const int* n, int rows, int k, int task_rows, int ahead,
                    int cols, Out out) {
   constexpr int ACT = act_of<F0>();
@@ -636,26 +643,26 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
     while (t >= first[s + 1]) ++s;
     const int r0 = (t - first[s]) * tr[s], r1 = lp_min(n[s], r0 + tr[s]);
     auto o = [&](int row, int col, float v) { out(t, s, row, col, v); };
-    if (s == 0) weight_rows<F0>(w[0], n[0], r0, r1, a, ahead, cols, o);
+    if (s == 0) weight_rows<F0, E>(w[0], n[0], r0, r1, a, ahead, cols, o);
     if constexpr (NSEG >= 2) {
-      if (s == 1) weight_rows<F1>(w[1], n[1], r0, r1, a, ahead, cols, o);
+      if (s == 1) weight_rows<F1, E>(w[1], n[1], r0, r1, a, ahead, cols, o);
     }
     if constexpr (NSEG >= 3) {
-      if (s == 2) weight_rows<F2>(w[2], n[2], r0, r1, a, ahead, cols, o);
+      if (s == 2) weight_rows<F2, E>(w[2], n[2], r0, r1, a, ahead, cols, o);
     }
   });
   return first[NSEG];
 }
 
 // matmul / matmul_segmented (y_s = x . W_s^T) and matmul_residual (y0 = r + x . W0^T; r may be y0)
-template <int F0, int F1, int F2, int NSEG, bool RES>
+template <int F0, int F1, int F2, int NSEG, bool RES, R16Engine E = R16_PATH>
 inline void matmul(const void* x, const void* w0, const void* w1, const void* w2, float* y0, float* y1, float* y2,
                    const float* r, int rows, int k, int n0, int n1, int n2, int task_rows, int ahead, int cols) {
   static_assert(!RES || NSEG == 1, "the residual epilogue has one weight");
   const void* w[3] = {w0, w1, w2};
   const int n[3] = {n0, n1, n2};
   float* y[3] = {y0, y1, y2};
-  project<F0, F1, F2, NSEG>(x, w, n, rows, k, task_rows, ahead, cols, [&](int, int s, int row, int col, float v) {
+  project<F0, F1, F2, NSEG, E>(x, w, n, rows, k, task_rows, ahead, cols, [&](int, int s, int row, int col, float v) {
     const size_t at = (size_t)col * n[s] + row;
     y[s][at] = RES ? r[at] + v : v;
   });

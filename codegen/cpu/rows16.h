@@ -15,9 +15,10 @@
 //   Q4_K (K4, 2368 bytes)                          Q6_K (K6, 3360 bytes)
 //   d    f16[16]          super-block scales        d   f16[16]
 //   dmin f16[16]          and mins' scales          sc  i8[16][16]         16-value sub-block scales
-//   sc   u8[8][16]        32-value sub-block scales ql  u8[4][8][16][4]    low 4 bits (g, t, row, byte)
-//   m    u8[4][16][2]     mins, sub-blocks 2i, 2i+1 qh  u8[2][8][16][4]    bits 4..5 of values 128G +
-//   qs   u8[4][8][16][4]  (g, t, row, byte)                                 32i + 4t + b at bits 2i
+//   sc   u8[8][16]        32-value sub-block scales then for G < 2: (ql(2G, t), qh(G, t)) for t < 8, then
+//   m    u8[4][16][2]     mins, sub-blocks 2i, 2i+1   ql(2G + 1, t) for t < 8: vectors [16][4] (row, byte);
+//   qs   u8[4][8][16][4]  (g, t, row, byte)           ql(g, t) the low 4 bits, qh(G, t) bits 4..5 of values
+//                                                     128G + 32i + 4t + b at bits 2i
 // (scales and mins as common.cuh lp_k_scale_min / quant.cuh's Q6_K unpack them, by sub-block then row).
 // A row's result, for every path: per super-block exact integers, then its float steps, in order:
 //   Q4_K: isum = sum_j sc_j (u_j . x_j), msum = sum_j m_j (sum x_j);
@@ -36,8 +37,8 @@
 
 namespace lp_cpu {
 
-enum { LP_FMT_Q4_K_R16 = 100, LP_FMT_Q6_K_R16 = 101 };  // CPU-only weight codes: rows16 records
-constexpr int R16 = 16;
+// the records' weight codes (LP_FMT_Q4_K_R16, LP_FMT_Q6_K_R16), rows and bytes come from formats.h
+constexpr int R16 = LP_ROWS16;
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
 // int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset).
@@ -63,9 +64,10 @@ inline void r16_sums(const int16_t* bsums, int rows, int k, std::vector<int32_t>
 inline float r16_half(const uint8_t* p, int r) { return lp_h2f(((const lp_half*)p)[r]); }
 
 struct K4 {
-  static constexpr int BYTES = 2368, SUB = 32;
+  static constexpr int BYTES = LpRows16<LP_FMT_Q4_K_R16>::BYTES, SUB = LpFormat<LP_FMT_Q4_K>::SB;
   static constexpr bool NARROW = true;  // a sub-block's products fit int16 pairs: 8 x 2 x 15 x 128 = 30720
   static constexpr int D = 0, DMIN = 32, SC = 64, M = 192, QS = 320;
+  static_assert(QS + 4 * 8 * R16 * 4 == BYTES, "the fields fill the record");
   static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {  // values v .. v + 3 (v % 4 == 0) of row r
     const int g = v / 64, h = v % 64 / 32, t = v % 32 / 4;
     const uint8_t* p = rec + QS + ((g * 8 + t) * R16 + r) * 4;
@@ -82,13 +84,18 @@ struct K4 {
 };
 
 struct K6 {
-  static constexpr int BYTES = 3360, SUB = 16;
+  static constexpr int BYTES = LpRows16<LP_FMT_Q6_K_R16>::BYTES, SUB = LpFormat<LP_FMT_Q6_K>::SB;
   static constexpr bool NARROW = false;  // 4 x 2 x 63 x 128 does not fit int16
-  static constexpr int D = 0, SC = 32, QL = 288, QH = 2336;
+  static constexpr int D = 0, SC = 32, Q = 288;
+  static_assert(Q + 2 * 1536 == BYTES, "the fields fill the record");
+  // the vectors' offsets: per 128 values G, the low bits of group 2G interleaved with the high bits,
+  // then group 2G + 1's low bits (a one-row pass reads the record in address order)
+  static int ql(int g, int t) { return Q + (g / 2) * 1536 + (g % 2 ? 1024 + 64 * t : 128 * t); }
+  static int qh(int G, int t) { return Q + G * 1536 + 128 * t + 64; }
   static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {
     const int g = v / 64, h = v % 64 / 32, t = v % 32 / 4, i = 2 * (g % 2) + h;
-    const uint8_t* lo = rec + QL + ((g * 8 + t) * R16 + r) * 4;
-    const uint8_t* hi = rec + QH + (((g / 2) * 8 + t) * R16 + r) * 4;
+    const uint8_t* lo = rec + ql(g, t) + r * 4;
+    const uint8_t* hi = rec + qh(g / 2, t) + r * 4;
     for (int b = 0; b < 4; ++b) u[b] = (h ? lo[b] >> 4 : lo[b] & 15) | (hi[b] >> 2 * i & 3) << 4;
   }
   static int32_t term(int32_t s, const uint8_t* rec, int r, int j, const int32_t* off) {
@@ -150,14 +157,14 @@ inline void r16_make(K6, const void* blocks, int rows, int k, int group, int sb,
       for (int t = 0; t < 8; ++t)
         for (int b = 0; b < 4; ++b) {
           const int v = 64 * g + 4 * t + b;
-          rec[K6::QL + ((g * 8 + t) * R16 + r) * 4 + b] = (uint8_t)((q[v] & 15) | (q[v + 32] & 15) << 4);
+          rec[K6::ql(g, t) + r * 4 + b] = (uint8_t)((q[v] & 15) | (q[v + 32] & 15) << 4);
         }
     for (int G = 0; G < 2; ++G)
       for (int t = 0; t < 8; ++t)
         for (int b = 0; b < 4; ++b) {
           uint8_t top = 0;
           for (int i = 0; i < 4; ++i) top |= (uint8_t)((q[128 * G + 32 * i + 4 * t + b] >> 4) << 2 * i);
-          rec[K6::QH + ((G * 8 + t) * R16 + r) * 4 + b] = top;
+          rec[K6::qh(G, t) + r * 4 + b] = top;
         }
   }
 }
@@ -293,8 +300,8 @@ template <class V> struct K6V {
     return i == 0 ? V::and_(V::shl16(hb, 4), m) : i == 1 ? V::and_(V::shl16(hb, 2), m) : i == 2 ? V::and_(hb, m) : V::and_(V::shr16(hb, 2), m);
   }
   static void values(const uint8_t* rec, int g, int t, int h, I& u0, I& u1) {
-    const I v = V::load(rec + K6::QL + (g * 8 + t) * 64 + 4 * V::LANES * h);
-    const I hb = V::load(rec + K6::QH + ((g / 2) * 8 + t) * 64 + 4 * V::LANES * h);
+    const I v = V::load(rec + K6::ql(g, t) + 4 * V::LANES * h);
+    const I hb = V::load(rec + K6::qh(g / 2, t) + 4 * V::LANES * h);
     u0 = V::or_(V::and_(v, V::bytes(0x0F)), top(hb, 2 * (g % 2)));
     u1 = V::or_(V::and_(V::shr16(v, 4), V::bytes(0x0F)), top(hb, 2 * (g % 2) + 1));
   }
@@ -309,9 +316,11 @@ template <class V, class Rec> struct RecV;
 template <class V> struct RecV<V, K4> : K4V<V> {};
 template <class V> struct RecV<V, K6> : K6V<V> {};
 
-// Lanes [L h, L h + L) of record group `group` against CT activation rows, NG of the four 64-value
-// groups in flight (independent sums: decode's one row needs more of them than its few products hide).
-template <class V, class Rec, int CT, int NG>
+// Lanes [L h, L h + L) of record group `group` against CT activation rows. A record's vectors are read in
+// address order, one stream the hardware prefetchers follow (decode reading the four 64-value groups
+// interleaved streamed 1.7x slower from memory), each sub-block's products in P independent sums
+// (decode's one row needs more of them than its few products hide), added as integers.
+template <class V, class Rec, int CT, int P>
 inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)[CT], float (&out)[CT][V::LANES]) {
   using RV = RecV<V, Rec>;
   constexpr int PER = 32 / Rec::SUB, CHUNKS = Rec::SUB / 4;  // sub-blocks per 32 values, chunks per sub-block
@@ -321,28 +330,29 @@ inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)
     const uint8_t* rec = w.rec(group, sb);
     typename V::I isum[CT];
     for (int c = 0; c < CT; ++c) isum[c] = V::zero();
-    for (int g0 = 0; g0 < 4; g0 += NG)
+    for (int g = 0; g < 4; ++g)
       for (int q = 0; q < PER; ++q) {
-        typename V::I s[CT][NG][2];
+        typename V::I s[CT][2][P];
         for (int c = 0; c < CT; ++c)
-          for (int gi = 0; gi < NG; ++gi) s[c][gi][0] = s[c][gi][1] = V::zero();
+          for (int p = 0; p < P; ++p) s[c][0][p] = s[c][1][p] = V::zero();
 #pragma unroll
-        for (int t = CHUNKS * q; t < CHUNKS * (q + 1); ++t)
-          for (int gi = 0; gi < NG; ++gi) {
-            typename V::I u0, u1;
-            RV::values(rec, g0 + gi, t, h, u0, u1);
-            for (int c = 0; c < CT; ++c) {
-              const int8_t* x = col[c].x + 256 * sb + 64 * (g0 + gi) + 4 * t;
-              s[c][gi][0] = V::template dot<Rec::NARROW>(s[c][gi][0], u0, x);
-              s[c][gi][1] = V::template dot<Rec::NARROW>(s[c][gi][1], u1, x + 32);
-            }
+        for (int t = CHUNKS * q; t < CHUNKS * (q + 1); ++t) {
+          typename V::I u0, u1;
+          RV::values(rec, g, t, h, u0, u1);
+          for (int c = 0; c < CT; ++c) {
+            const int8_t* x = col[c].x + 256 * sb + 64 * g + 4 * t;
+            s[c][0][t % P] = V::template dot<Rec::NARROW>(s[c][0][t % P], u0, x);
+            s[c][1][t % P] = V::template dot<Rec::NARROW>(s[c][1][t % P], u1, x + 32);
           }
-        for (int gi = 0; gi < NG; ++gi)
-          for (int half = 0; half < 2; ++half) {
-            const int j = (64 * (g0 + gi) + 32 * half) / Rec::SUB + q;  // the sub-block
-            for (int c = 0; c < CT; ++c)
-              isum[c] = V::add(isum[c], RV::term(V::template total<Rec::NARROW>(s[c][gi][half]), rec, h, j, col[c].off + 16 * sb));
+        }
+        for (int half = 0; half < 2; ++half) {
+          const int j = (64 * g + 32 * half) / Rec::SUB + q;  // the sub-block
+          for (int c = 0; c < CT; ++c) {
+            typename V::I sum = V::template total<Rec::NARROW>(s[c][half][0]);
+            for (int p = 1; p < P; ++p) sum = V::add(sum, V::template total<Rec::NARROW>(s[c][half][p]));
+            isum[c] = V::add(isum[c], RV::term(sum, rec, h, j, col[c].off + 16 * sb));
           }
+        }
       }
     for (int c = 0; c < CT; ++c)
       acc[c] = RV::apply(acc[c], isum[c], rec, h, col[c].pairs + 4 * sb, col[c].off + 16 * sb, col[c].dk[sb]);

@@ -6,12 +6,14 @@
 //   2  avx512: AVX-512 F/BW/VL + VNNI: the projections' integer engines in 512-bit vectors (two 32-value
 //      blocks or two 32-value groups per instruction, matmul.h tile_a512 / tile_b512) with vpdpbusd /
 //      vpdpwssd; the rest as avx2 with vpdpbusd in place of AVX2's two-instruction dot product (on an
-//      Ice Lake server core the 512-bit engines measured 15-25% faster than the same code in 256 bits).
+//      Ice Lake server core the 512-bit engines measured 15-25% faster than the same code in 256 bits);
+//   3  amx: avx512 plus AMX-TILE and AMX-INT8: rows16 records against many activation rows on int8 tiles
+//      (tiles.h), everything else as avx512.
 // Every path sums in an order fixed by the code alone (never by the row count, the tile a row lands
 // in, or the thread), so a row's result never depends on the rows beside it.
 #pragma once
 #ifndef LP_CPU_ISA
-#error "LP_CPU_ISA must be 0 (scalar), 1 (avx2) or 2 (avx512)"
+#error "LP_CPU_ISA must be 0 (scalar), 1 (avx2), 2 (avx512) or 3 (amx)"
 #endif
 #if LP_CPU_ISA >= 1
 #include <immintrin.h>
@@ -21,6 +23,9 @@
 #endif
 #if LP_CPU_ISA >= 2 && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__))
 #error "LP_CPU_ISA 2 needs -mavx512f -mavx512bw -mavx512vl -mavx512vnni"
+#endif
+#if LP_CPU_ISA >= 3 && !(defined(__AMX_TILE__) && defined(__AMX_INT8__))
+#error "LP_CPU_ISA 3 needs -mamx-tile -mamx-int8"
 #endif
 
 namespace lp_cpu {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llmplan.core.formats import SCALAR_BYTES
 from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
@@ -18,7 +19,6 @@ from ..kernel import Context, Kernel, KernelLaunch, scalar
 OPS = {"add": 0, "mul": 1, "scale": 2, "silu": 3, "gelu_tanh": 4, "softcap": 5}
 BINARY = ("add", "mul")
 ATTR = {"scale": "factor", "softcap": "cap"}
-ELEMENT_BYTES = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
 
 
 def kernel(op: str) -> Kernel:
@@ -55,11 +55,11 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     if op == "take_rows":
         x, rows = launch.args
         dtype = ctx.dtype(x)
-        if dtype not in ELEMENT_BYTES:
+        if dtype not in SCALAR_BYTES:
             raise BuildError(f"take_rows: {dtype} rows are not gathered by a CPU kernel (f32, i32, f16, bf16 only)")
         _, k = _row(ctx.shape(x), "take_rows")
         return [KernelLaunch(take_rows_kernel(), (1,),
-                       [x, rows, out, scalar(ctx.shape(out)[0]), scalar(k * ELEMENT_BYTES[dtype])])]
+                       [x, rows, out, scalar(ctx.shape(out)[0]), scalar(k * SCALAR_BYTES[dtype])])]
     if op not in OPS:
         raise BuildError(f"elementwise: no CPU kernel for op {op}")
     for ref in (*launch.args, out):

@@ -29,21 +29,20 @@ from typing import Any
 import numpy as np
 
 from llmplan.core import layouts
-from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import Launch, Weight
 
+from .. import format_header
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
-FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
-                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
 TASK_ROWS = (8, 16, 32, 64)
 DEFAULT_TASK_ROWS = 16
 AHEAD = (0, 1, 2, 4)
 DEFAULT_AHEAD = 2
 COLS = (2, 4, 6)
 DEFAULT_COLS = 0
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+OPS = ops_of("matmul")
 
 
 class CpuMatmulError(ValueError):
@@ -53,8 +52,7 @@ class CpuMatmulError(ValueError):
 # Formats the projections read in a layout made once at load, not in place: (layout, the kernel's weight
 # code, its name in kernel names): rows16 records (codegen/cpu/rows16.h), measured faster than in place
 # for every shape of tiny-llama3 and gemma3-270m, one row and 128 (docs/benchmarks.md).
-RELAYOUT = {"Q4_K": ("rows16", "lp_cpu::LP_FMT_Q4_K_R16", "q4_k_r16"),
-            "Q6_K": ("rows16", "lp_cpu::LP_FMT_Q6_K_R16", "q6_k_r16")}
+RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K")}
 
 
 def in_place(ref: Weight) -> Weight:
@@ -69,7 +67,7 @@ def held(ref: Weight, fmt: str) -> Weight:
 
 def weight_code(fmt: str) -> str:
     """The C++ weight code of a projection weight of format `fmt` as held()."""
-    return RELAYOUT[fmt][1] if fmt in RELAYOUT else f"LP_FMT_{fmt}"
+    return RELAYOUT[fmt][1] if fmt in RELAYOUT else format_header.weight_code(fmt)
 
 
 def weight_token(fmt: str) -> str:
@@ -83,9 +81,9 @@ def check_weight(ctx: Context, ref: Weight, what: str = "matmul") -> tuple[str, 
     n, k = ctx.shape(ref)
     if fmt not in FORMATS:
         raise CpuMatmulError(f"{what}: weight {ref.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
-    if k % BLOCK_VALUES[fmt]:
+    if k % FORMATS[fmt].block:
         raise CpuMatmulError(f"{what}: weight {ref.name} ({fmt}) has rows of {k}, not a multiple of "
-                             f"{BLOCK_VALUES[fmt]}")
+                             f"{FORMATS[fmt].block}")
     return fmt, n, k
 
 
@@ -144,7 +142,18 @@ def kernel_in_place(fmt: str) -> Kernel:
     the relayout: what scripts/bench_relayout.py measures the records against."""
     k = kernel([fmt], False)
     name = k.name.replace(weight_token(fmt), f"{fmt.lower()}_in_place")
-    return Kernel(name, k.family, k.source, k.entry.replace(k.name, name).replace(weight_code(fmt), f"LP_FMT_{fmt}"), 0)
+    entry = k.entry.replace(k.name, name).replace(weight_code(fmt), format_header.weight_code(fmt))
+    return Kernel(name, k.family, k.source, entry, 0)
+
+
+def kernel_tile_twin(fmt: str) -> Kernel:
+    """The one-weight projection kernel of a RELAYOUT format on the tile engine's scalar twin (codegen/cpu/
+    tiles.h: the amx path's code with the tile instructions computed in memory), on every path and row
+    count: what the tests hold the amx path's arithmetic to where no AMX is."""
+    k = kernel([fmt], False)
+    name = k.name.replace(weight_token(fmt), f"{weight_token(fmt)}_tile_twin")
+    entry = k.entry.replace(k.name, name).replace(", 1, false>(", ", 1, false, lp_cpu::R16_TWIN>(")
+    return Kernel(name, k.family, k.source, entry, 0)
 
 
 def relayout(fmt: str) -> Kernel:

@@ -7,22 +7,23 @@ planes), f16, bf16, f32 values.
 
 from __future__ import annotations
 
+from llmplan.core.formats import ACTIVATIONS, PACK_BLOCK
 from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
+from ..format_header import act_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
-# fused.cuh's output format codes (LP_OUT_*)
-FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
-BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+FORMATS = ACTIVATIONS  # the output formats (rows.h pack_row)
 
 
-def out_format(fmt: str, k: int, what: str) -> int:
+def out_format(fmt: str, k: int, what: str) -> str:
+    """The code of output format `fmt` for rows of k values."""
     if fmt not in FORMATS:
         raise BuildError(f"{what}: output format {fmt} is not one of {', '.join(FORMATS)}")
-    if k % BLOCK.get(fmt, 1):
+    if k % PACK_BLOCK.get(fmt, 1):
         raise BuildError(f"{what}: rows of {k} values are not whole {fmt} blocks")
-    return FORMATS[fmt]
+    return act_code(fmt)
 
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:

@@ -10,6 +10,7 @@ symbols the runtime binds.
 
 from __future__ import annotations
 
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import Launch
 
 from ..build import BuildError
@@ -38,7 +39,7 @@ def kernel(mode: str, norm: bool) -> Kernel:
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     op, a = launch.op, launch.attrs
-    if op not in ("rope_kv", "norm_rope_kv"):
+    if op not in ops_of("rope_kv"):
         raise BuildError(f"rope_kv: no CPU kernel for op {op}")
     q, k, v, pos, seq, pages, cache = launch.args[:7]
     extra = launch.args[7:]

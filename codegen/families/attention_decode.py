@@ -20,13 +20,15 @@ table's row length), `blocks` (the cache's), `rows` and `splits` are symbols the
 
 from __future__ import annotations
 
+from llmplan.core.formats import ACTIVATIONS
 from llmplan.core.numerics import PAGE
 from llmplan.core.plan_records import Launch, grid_dim
 
 from ..build import BuildError
+from ..format_header import act_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
-OUT_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
+OUT_FORMATS = ACTIVATIONS  # f32, or packed (fused.cuh lp_store_tile)
 REDUCE_THREADS = 256
 TILE = 256  # outputs per reduce block: whole q8_0 / q8_1 / q8_k blocks
 MAX_SHARED = 32768  # bytes of static shared memory a partial kernel may use (scores or reduction)
@@ -67,7 +69,7 @@ def reduce_kernel(fmt: str) -> Kernel:
         raise BuildError(f"attention_reduce: output format {fmt} is not supported ({', '.join(OUT_FORMATS)})")
     name = "lp_attention_reduce_f32" if fmt == "f32" else f"lp_attention_reduce_pack_{fmt}"
     entry = (f"LP_KERNEL void __launch_bounds__({REDUCE_THREADS}) {name}(const float* part, void* out, int rows, "
-             f"int heads, int d, int splits) {{ lp_attention_reduce<{OUT_FORMATS[fmt]}, {TILE}>(part, out, rows, "
+             f"int heads, int d, int splits) {{ lp_attention_reduce<{act_code(fmt)}, {TILE}>(part, out, rows, "
              "heads, d, splits); }")
     return Kernel(name, "attention_reduce", "attention_decode.cu", entry, REDUCE_THREADS)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from llmplan.core.formats import SCALAR_BYTES
 from llmplan.core.plan_records import Launch, grid_dim
 
 from ..build import BuildError
@@ -27,7 +28,6 @@ THREADS = 256
 OPS = {"add": 0, "mul": 1, "scale": 2, "silu": 3, "gelu_tanh": 4, "softcap": 5}
 BINARY = ("add", "mul")
 ATTR = {"scale": "factor", "softcap": "cap"}
-ELEMENT_BYTES = {"f32": 4, "i32": 4, "f16": 2, "bf16": 2}
 
 
 def kernel(op: str, vec: int) -> Kernel:
@@ -69,11 +69,11 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     if op == "take_rows":
         x, rows = launch.args
         dtype = ctx.dtype(x)
-        if dtype not in ELEMENT_BYTES:
+        if dtype not in SCALAR_BYTES:
             raise BuildError(f"take_rows: {dtype} rows are not gathered by a kernel (f32, i32, f16, bf16 only)")
         _, k = _row(ctx.shape(x), "take_rows")
         n = ctx.shape(out)[0]
-        row_bytes = k * ELEMENT_BYTES[dtype]
+        row_bytes = k * SCALAR_BYTES[dtype]
         vb = next(b for b in (16, 4, 2, 1) if row_bytes % b == 0)
         return [KernelLaunch(take_rows_kernel(vb), (grid_dim(row_bytes, THREADS * vb), grid_dim(n)),
                        [x, rows, out, scalar(row_bytes)])]

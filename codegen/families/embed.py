@@ -10,13 +10,13 @@ then the table's row count (tokens outside it give NaN rows) and k.
 
 from __future__ import annotations
 
+from llmplan.core import formats as core_formats
 from llmplan.core.plan_records import Launch, Weight, grid_dim
 
+from ..format_header import weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
-FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
-                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}
+FORMATS = tuple(core_formats.FORMATS)  # every weight format (quant.cuh LpWeight<F>::value)
 THREADS = 256
 
 
@@ -27,7 +27,7 @@ class EmbedError(ValueError):
 def kernel(fmt: str) -> Kernel:
     name = f"lp_embed_{fmt.lower()}"
     entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const void* table, const int* tokens, float* out, "
-             f"int vocab, int k) {{ lp_embed<LP_FMT_{fmt}>(table, tokens, out, vocab, k); }}")
+             f"int vocab, int k) {{ lp_embed<{weight_code(fmt)}>(table, tokens, out, vocab, k); }}")
     return Kernel(name, "embed_rows", "embed.cu", entry, THREADS)
 
 
@@ -40,7 +40,7 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     vocab, k = ctx.shape(table)
     if fmt not in FORMATS:
         raise EmbedError(f"embed: table {table.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
-    if k % BLOCK_VALUES[fmt]:
+    if k % core_formats.FORMATS[fmt].block:
         raise EmbedError(f"embed: table {table.name} ({fmt}) has rows of {k}, not whole blocks")
     rows = ctx.shape(out)[0]
     return [KernelLaunch(kernel(fmt), (grid_dim(rows),),

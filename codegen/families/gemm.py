@@ -40,28 +40,34 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import Buf, Launch, Ref, Weight, grid_dim
 
+from ..format_header import weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
 
 SOURCE = "gemm.cu"
 LAYOUT = "planar"
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+OPS = ops_of("matmul")
 
-# weight format -> (code in gemm.cu, values per block, values per integer sub-sum, has a min, activation)
-WEIGHT_FORMATS: dict[str, tuple[int, int, int, bool, str]] = {
-    "f16": (0, 1, 1, False, "f16"),
-    "q4_0": (1, 32, 32, False, "q8_0"),
-    "q4_1": (2, 32, 32, True, "q8_1"),
-    "q5_0": (3, 32, 32, False, "q8_0"),
-    "q5_1": (4, 32, 32, True, "q8_1"),
-    "q8_0": (5, 32, 32, False, "q8_0"),
-    "q2_k": (6, 256, 16, True, "q8_k"),
-    "q3_k": (7, 256, 16, False, "q8_k"),
-    "q4_k": (8, 256, 32, True, "q8_k"),
-    "q5_k": (9, 256, 32, True, "q8_k"),
-    "q6_k": (10, 256, 16, False, "q8_k"),
+
+class WeightFormat(NamedTuple):
+    """What the tiles take from core/formats.py for a weight format."""
+
+    code: str  # formats.h
+    block: int  # values per block
+    sub: int  # values per integer sub-sum (per scale)
+    has_min: bool
+    act: str  # the activation format
+
+
+# the weight formats the tiles read: every one but F32 and BF16 (no f32 / bf16 tiles are written)
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    name.lower(): WeightFormat(weight_code(name), f.block, f.sub, f.has_min, ACTIVATION_FORMAT[name.lower()])
+    for name, f in FORMATS.items() if name not in ("F32", "BF16")
 }
 
 FIXUP_THREADS = 256
@@ -144,8 +150,8 @@ def shared_bytes(member: str | Member, formats: list[str] | tuple[str, ...]) -> 
     m = member if isinstance(member, Member) else parse_member(member)[0]
     out = 0
     for fmt in formats:
-        _, _, sb, has_min, act = WEIGHT_FORMATS[fmt]
-        nsb = 0 if act == "f16" else 128 // sb
+        _, _, sub, has_min, act = WEIGHT_FORMATS[fmt]
+        nsb = 0 if act == "f16" else 128 // sub
         nxd = 0 if act == "f16" else (1 if act == "q8_k" else 4)
         b = (m.cols + m.rows) * 128 + m.cols * nsb * 4 * (2 if has_min else 1) + m.rows * nxd * 4
         b += m.rows * nsb * 4 if has_min else 0
@@ -161,12 +167,12 @@ def kernel(member: str | Member, formats: tuple[str, ...], residual: bool = Fals
     for f in formats:
         if f not in WEIGHT_FORMATS:
             raise GemmError(f"gemm: weight format {f} is not supported (supported: {', '.join(WEIGHT_FORMATS)})")
-    acts = {WEIGHT_FORMATS[f][4] for f in formats}
+    acts = {WEIGHT_FORMATS[f].act for f in formats}
     if len(acts) != 1:
         raise GemmError(f"gemm: segments {'/'.join(formats)} take different activation formats")
     if residual and len(formats) != 1:
         raise GemmError("gemm: a residual epilogue takes one segment")
-    codes = [WEIGHT_FORMATS[f][0] for f in formats]
+    codes = [WEIGHT_FORMATS[f].code for f in formats]
     codes += [codes[0]] * (3 - len(codes))
     name = f"lp_gemm_{m.name}_{'_'.join(formats)}_res{int(residual)}{'_sk' if split else ''}"
     params, call = ["const void* x", "int rows", "int k"], ["x", "rows", "k"]
@@ -217,7 +223,7 @@ def _check_shapes(ctx: Context, x: Buf, weights: list[Weight]) -> tuple[tuple[st
                             f"(supported: {', '.join(WEIGHT_FORMATS)})")
         if ctx.shape(w)[1] != k:
             raise GemmError(f"gemm: weight {w.name} has {ctx.shape(w)[1]} inputs, the activation {k}")
-        block, act = WEIGHT_FORMATS[f][1], WEIGHT_FORMATS[f][4]
+        block, act = WEIGHT_FORMATS[f].block, WEIGHT_FORMATS[f].act
         if ctx.dtype(x) != act:
             raise GemmError(f"gemm: a {f} weight takes {act} activations, got {ctx.dtype(x)}")
         if k % (8 if f == "f16" else block):

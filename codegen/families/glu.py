@@ -12,16 +12,17 @@ depends on it, as in norm.py).
 
 from __future__ import annotations
 
+from llmplan.core.formats import PACK_BLOCK
 from llmplan.core.plan_records import Launch, grid_dim
 
 from ..build import BuildError
+from ..format_header import act_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
 THREADS = 64
 TILE = 512  # values per block: whole q8_0 / q8_1 / q8_k blocks; q8_k: one 256-block per 32-thread group
 ACTS = {"silu": 0, "gelu_tanh": 1}
-FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4}
-BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}
+FORMATS = tuple(PACK_BLOCK)  # the pack formats
 
 
 def kernel(act: str, fmt: str) -> Kernel:
@@ -31,7 +32,7 @@ def kernel(act: str, fmt: str) -> Kernel:
         raise BuildError(f"glu_pack: output format {fmt} is not one of {', '.join(FORMATS)}")
     name = f"lp_glu_pack_{act}_{fmt}"
     entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* gate, const float* up, void* out, "
-             f"int rows, int k) {{ lp_glu_pack<{ACTS[act]}, {FORMATS[fmt]}, {TILE}>(gate, up, out, rows, k); }}")
+             f"int rows, int k) {{ lp_glu_pack<{ACTS[act]}, {act_code(fmt)}, {TILE}>(gate, up, out, rows, k); }}")
     return Kernel(name, "glu_pack", "glu.cu", entry, THREADS)
 
 
@@ -43,7 +44,7 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     out = launch.outs[0]
     rows, k = ctx.shape(gate)
     fmt = a["format"]
-    if fmt in BLOCK and k % BLOCK[fmt]:
+    if fmt in PACK_BLOCK and k % PACK_BLOCK[fmt]:
         raise BuildError(f"glu_pack: rows of {k} values are not whole {fmt} blocks")
     return [KernelLaunch(kernel(a["act"], fmt), (grid_dim(k, TILE), grid_dim(rows)),
                    [gate, up, out, scalar(rows), scalar(k)])]

@@ -23,19 +23,22 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from llmplan.core import formats as core_formats
 from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import Launch, Weight, grid_dim
 
+from ..format_header import weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
-# weight formats the kernels read, and the activation format each takes (ir/ops.py ACTIVATION_FORMAT)
-FORMATS = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_VALUES = {"F16": 8, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
-                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
+# weight formats the kernels read (quant.cuh has no dot product for F32 and BF16), each taking the
+# activation format of core/formats.py ACTIVATION_FORMAT
+FORMATS = tuple(f for f in core_formats.FORMATS if f not in ("F32", "BF16"))
+F16_PIECE = 8  # F16 rows are read 8 values (16 bytes) at a time: their length must be a multiple
 WAVES = 4  # waves per block
 MAX_COLUMNS = 8
 MEMBERS = tuple(f"c{c}" for c in range(1, MAX_COLUMNS + 1))
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+OPS = ops_of("matmul")
 
 
 class MatvecError(ValueError):
@@ -53,9 +56,9 @@ def check_weight(ctx: Context, ref: Weight, what: str = "mat-vec") -> tuple[str,
     n, k = ctx.shape(ref)
     if fmt not in FORMATS:
         raise MatvecError(f"{what}: weight {ref.name} is {fmt}; the kernels read {', '.join(FORMATS)}")
-    if k % BLOCK_VALUES[fmt]:
-        raise MatvecError(f"{what}: weight {ref.name} ({fmt}) has rows of {k}, not a multiple of "
-                          f"{BLOCK_VALUES[fmt]}")
+    multiple = F16_PIECE if fmt == "F16" else core_formats.FORMATS[fmt].block
+    if k % multiple:
+        raise MatvecError(f"{what}: weight {ref.name} ({fmt}) has rows of {k}, not a multiple of {multiple}")
     return fmt, n, k
 
 
@@ -96,7 +99,7 @@ def kernel(formats: list[str], residual: bool, c: int, target: Any) -> Kernel:
     params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
               + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)])
     pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
-    codes = pad([f"LP_FMT_{f}" for f in formats], "0")
+    codes = pad([weight_code(f) for f in formats], "0")
     ns = pad([f"n{i}" for i in range(nseg)], "0")
     call = (f"lp_matvec<{codes}, {nseg}, {'true' if residual else 'false'}, {c}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, {ns})")

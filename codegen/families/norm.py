@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from llmplan.core.formats import ACTIVATION_FORMATS
 from llmplan.core.plan_records import Launch, grid_dim
 
+from ..build import BuildError
+from ..format_header import act_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar
 
-PACK_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2}
+PACK_FORMATS = tuple(f.lower() for f in ACTIVATION_FORMATS)  # the 8-bit block formats (common.cuh lp_pack_row)
 THREADS = 256
 
 
@@ -23,7 +26,9 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
         return [KernelLaunch(Kernel(name, "rmsnorm", "norm.cu", entry, THREADS), grid,
                        [x, w, out, scalar(k), scalar(ctx.shape(w)[0]), scalar(a["eps"], "f32")])]
     fmt = a["format"]
-    code = PACK_FORMATS[fmt]
+    if fmt not in PACK_FORMATS:
+        raise BuildError(f"{op}: pack format {fmt} is not one of {', '.join(PACK_FORMATS)}")
+    code = act_code(fmt)
     if op == "rmsnorm_pack":
         w = launch.args[1]
         name = f"lp_rmsnorm_pack_{fmt}"

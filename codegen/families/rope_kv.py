@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import Launch, RopeTable, grid_dim
 
 from ..build import BuildError
@@ -86,7 +87,7 @@ def kernel(mode: str, norm: bool) -> Kernel:
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     op, a = launch.op, launch.attrs
-    if op not in ("rope_kv", "norm_rope_kv"):
+    if op not in ops_of("rope_kv"):
         raise BuildError(f"rope_kv: no kernel for op {op}")
     q, k, v, pos, seq, pages, cache = launch.args[:7]
     extra = launch.args[7:]

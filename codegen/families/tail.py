@@ -24,18 +24,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATIONS
 from llmplan.core.plan_records import Launch, Weight, grid_dim
 
+from ..format_header import act_code, weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
-from .matvec import MatvecError, check_weight, columns, launch_bounds
+from .matvec import FORMATS, MatvecError, check_weight, columns, launch_bounds
 from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
 
 THREADS = 256
 WAVES = 4  # waves per block of launch 2, as the mat-vec
 SLICE = 64  # vocabulary rows per block of launch 2: ~2000 blocks for a 128K vocabulary (enough waves to
 # keep the head streaming), while the pairs scratch stays 1/64 of the logits
-ACT_CODES = {"q8_0": "LP_ACT_Q8_0", "q8_1": "LP_ACT_Q8_1", "q8_k": "LP_ACT_Q8_K", "f16": "LP_ACT_F16"}
+# the activations the heads take (as the mat-vec's weights) -> their codes
+ACT_CODES = {a: act_code(a) for a in ACTIVATIONS if a in {ACTIVATION_FORMAT[f.lower()] for f in FORMATS}}
 REDUCE = "lp_tail_argmax_reduce"
 
 
@@ -51,7 +53,7 @@ def logits_kernel(fmt: str, c: int, target: Any) -> Kernel:
     threads = WAVES * target.wave
     entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, LpBest* part, "
              f"int rows, int k, int vocab, int slice) "
-             f"{{ lp_tail_logits<LP_FMT_{fmt}, {c}>(x, head, part, rows, k, vocab, slice); }}")
+             f"{{ lp_tail_logits<{weight_code(fmt)}, {c}>(x, head, part, rows, k, vocab, slice); }}")
     expects = ("dot4", "load128") if fmt != "F16" else ("load128",)
     return Kernel(name, "tail_argmax", "tail.cu", entry, threads, expects)
 

@@ -45,40 +45,9 @@ __device__ __forceinline__ unsigned lp_byte(unsigned w0, unsigned w1, unsigned w
 }
 
 // ---- weight formats ----------------------------------------------------------------------------
-// Codes shared with codegen/families/gemm.py (WEIGHT_FORMATS).
-#define LP_F16 0
-#define LP_Q4_0 1
-#define LP_Q4_1 2
-#define LP_Q5_0 3
-#define LP_Q5_1 4
-#define LP_Q8_0 5
-#define LP_Q2_K 6
-#define LP_Q3_K 7
-#define LP_Q4_K 8
-#define LP_Q5_K 9
-#define LP_Q6_K 10
-
-// QK: values per block; SB: values per integer sub-sum; MIN: the format subtracts a min (or adds an
-// offset) that meets the activation's block sums; ACT: activation format (0 q8_0, 1 q8_1, 2 q8_k,
-// 3 f16); FB0..FB4: bytes per block of each field plane, in core/formats.py field order.
-template <int F> struct LpW;
-#define LP_WFMT(F_, QK_, SB_, MIN_, ACT_, N_, B0, B1, B2, B3, B4)                                          \
-  template <> struct LpW<F_> {                                                                         \
-    static constexpr int QK = QK_, SB = SB_, MIN = MIN_, ACT = ACT_, NFIELD = N_;                      \
-    static constexpr int FB0 = B0, FB1 = B1, FB2 = B2, FB3 = B3, FB4 = B4;                             \
-  };
-LP_WFMT(LP_F16, 1, 1, 0, 3, 1, 2, 0, 0, 0, 0)            // v
-LP_WFMT(LP_Q4_0, 32, 32, 0, 0, 2, 2, 16, 0, 0, 0)        // d, qs[16]
-LP_WFMT(LP_Q4_1, 32, 32, 1, 1, 3, 2, 2, 16, 0, 0)        // d, m, qs[16]
-LP_WFMT(LP_Q5_0, 32, 32, 0, 0, 3, 2, 4, 16, 0, 0)        // d, qh u32, qs[16]
-LP_WFMT(LP_Q5_1, 32, 32, 1, 1, 4, 2, 2, 4, 16, 0)        // d, m, qh u32, qs[16]
-LP_WFMT(LP_Q8_0, 32, 32, 0, 0, 2, 2, 32, 0, 0, 0)        // d, qs[32]
-LP_WFMT(LP_Q2_K, 256, 16, 1, 2, 4, 16, 64, 2, 2, 0)      // scales[16], qs[64], d, dmin
-LP_WFMT(LP_Q3_K, 256, 16, 0, 2, 4, 32, 64, 12, 2, 0)     // hmask[32], qs[64], scales[12], d
-LP_WFMT(LP_Q4_K, 256, 32, 1, 2, 4, 2, 2, 12, 128, 0)     // d, dmin, scales[12], qs[128]
-LP_WFMT(LP_Q5_K, 256, 32, 1, 2, 5, 2, 2, 12, 32, 128)    // d, dmin, scales[12], qh[32], qs[128]
-LP_WFMT(LP_Q6_K, 256, 16, 0, 2, 4, 128, 64, 16, 2, 0)    // ql[128], qh[64], scales[16], d
-#undef LP_WFMT
+// LpW<F>: formats.h's LpFormat<F> (values per block, per integer sub-sum SB, the min, the activation
+// format, each field plane's bytes per block).
+template <int F> using LpW = LpFormat<F>;
 
 // The field planes of a planar weight [n, k] (core/formats.planes: plane i holds field i of every
 // block, rows in order, each plane starting on a 256-byte boundary). Shared by every weight reader.
@@ -89,7 +58,7 @@ template <int F> struct LpWPlanes {
 template <int F> __device__ __forceinline__ LpWPlanes<F> lp_weight_planes(const void* base, int n, int k) {
   typedef LpW<F> T;
   const int fb[5] = {T::FB0, T::FB1, T::FB2, T::FB3, T::FB4};
-  const size_t blocks = (size_t)n * (size_t)(k / T::QK);
+  const size_t blocks = (size_t)n * (size_t)(k / T::BLOCK);
   const uint8_t* p = (const uint8_t*)base;
   LpWPlanes<F> out;
   #pragma unroll
@@ -108,8 +77,8 @@ template <int F> __device__ __forceinline__ LpWPlanes<F> lp_weight_planes(const 
 // sub-block sums d_x * sum(qs) (xs, only for formats with a min).
 template <int TR, int TW, int F> struct LpGemmSmem {
   typedef LpW<F> T;
-  static constexpr int NSB = T::ACT == 3 ? 0 : 128 / T::SB;
-  static constexpr int NXD = T::ACT == 3 ? 0 : (T::ACT == 2 ? 1 : 4);
+  static constexpr int NSB = T::ACT == LP_ACT_F16 ? 0 : 128 / T::SB;
+  static constexpr int NXD = T::ACT == LP_ACT_F16 ? 0 : (T::ACT == LP_ACT_Q8_K ? 1 : 4);
   static constexpr int W = 0;
   static constexpr int X = W + TW * 128;
   static constexpr int WSC = X + TR * 128;
@@ -139,8 +108,8 @@ template <int F> struct LpWRaw;
 // Q4_0, Q4_1, Q5_0, Q5_1: a unit is two 32-value blocks, tile sub-blocks 2u and 2u + 1
 template <int F> struct LpWRaw32 {
   typedef LpW<F> T;
-  static constexpr bool HI = F == LP_Q5_0 || F == LP_Q5_1;
-  static constexpr bool MINF = F == LP_Q4_1 || F == LP_Q5_1;
+  static constexpr bool HI = F == LP_FMT_Q5_0 || F == LP_FMT_Q5_1;
+  static constexpr bool MINF = T::MIN;
   lp_u4 qs[2];
   unsigned qh[2];
   float d[2], m[2];
@@ -182,15 +151,15 @@ template <int F> struct LpWRaw32 {
     }
   }
 };
-template <> struct LpWRaw<LP_Q4_0> : LpWRaw32<LP_Q4_0> {};
-template <> struct LpWRaw<LP_Q4_1> : LpWRaw32<LP_Q4_1> {};
-template <> struct LpWRaw<LP_Q5_0> : LpWRaw32<LP_Q5_0> {};
-template <> struct LpWRaw<LP_Q5_1> : LpWRaw32<LP_Q5_1> {};
+template <> struct LpWRaw<LP_FMT_Q4_0> : LpWRaw32<LP_FMT_Q4_0> {};
+template <> struct LpWRaw<LP_FMT_Q4_1> : LpWRaw32<LP_FMT_Q4_1> {};
+template <> struct LpWRaw<LP_FMT_Q5_0> : LpWRaw32<LP_FMT_Q5_0> {};
+template <> struct LpWRaw<LP_FMT_Q5_1> : LpWRaw32<LP_FMT_Q5_1> {};
 
-template <> struct LpWRaw<LP_Q8_0> {
+template <> struct LpWRaw<LP_FMT_Q8_0> {
   lp_u4 qs[4];
   float d[2];
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q8_0>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q8_0>& p, int row, int kt, int u, int nb, bool ok) {
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int b = kt * 4 + 2 * u + i;
@@ -216,7 +185,7 @@ template <> struct LpWRaw<LP_Q8_0> {
 // nibbles are sub-block 2r, high nibbles 2r + 1 (tile sub-blocks 2u, 2u + 1). Q5_K: bit j of qh byte b
 // is bit 4 of value 32j + b.
 template <int F> struct LpWRawK45 {
-  static constexpr bool HI = F == LP_Q5_K;
+  static constexpr bool HI = F == LP_FMT_Q5_K;
   lp_u4 qs[2], qh[2];
   unsigned sc0, sc1, sc2;
   float d, dmin;
@@ -260,17 +229,17 @@ template <int F> struct LpWRawK45 {
     }
   }
 };
-template <> struct LpWRaw<LP_Q4_K> : LpWRawK45<LP_Q4_K> {};
-template <> struct LpWRaw<LP_Q5_K> : LpWRawK45<LP_Q5_K> {};
+template <> struct LpWRaw<LP_FMT_Q4_K> : LpWRawK45<LP_FMT_Q4_K> {};
+template <> struct LpWRaw<LP_FMT_Q5_K> : LpWRawK45<LP_FMT_Q5_K> {};
 
 // Q6_K: local value 32f + b (f = 0..3) of half hh is nibble (f >> 1) of ql[64hh + 32(f & 1) + b] with
 // bits 2f, 2f + 1 of qh[32hh + b] above it, minus 32. Unit u takes bytes b in [16u, 16u + 16), i.e. the
 // four 16-value sub-blocks 2f + u of the tile.
-template <> struct LpWRaw<LP_Q6_K> {
+template <> struct LpWRaw<LP_FMT_Q6_K> {
   lp_u4 a, b, h;
   unsigned sc0, sc1;
   float d;
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q6_K>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q6_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     const int hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
@@ -300,12 +269,12 @@ template <> struct LpWRaw<LP_Q6_K> {
 
 // Q3_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b], minus 4 where bit 4hh + f
 // of hmask[b] is clear. Unit u takes bytes b in [16u, 16u + 16): sub-blocks 2f + u of the tile.
-template <> struct LpWRaw<LP_Q3_K> {
+template <> struct LpWRaw<LP_FMT_Q3_K> {
   lp_u4 q, hm;
   unsigned sc0, sc1, sc2;
   float d;
   int hh;
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q3_K>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q3_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
@@ -336,11 +305,11 @@ template <> struct LpWRaw<LP_Q3_K> {
 
 // Q2_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b]; sub-block scale byte
 // 8hh + 2f + u: low nibble scale, high nibble min. Unit u takes bytes b in [16u, 16u + 16).
-template <> struct LpWRaw<LP_Q2_K> {
+template <> struct LpWRaw<LP_FMT_Q2_K> {
   lp_u4 q;
   unsigned sc0, sc1;
   float d, dmin;
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q2_K>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q2_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     const int hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[2])[blk]) : 0.0f;
@@ -365,9 +334,9 @@ template <> struct LpWRaw<LP_Q2_K> {
 };
 
 // F16: the k-tile is 64 values; unit u is values 32u .. 32u + 31 (four chunks). nb is k here.
-template <> struct LpWRaw<LP_F16> {
+template <> struct LpWRaw<LP_FMT_F16> {
   lp_u4 v[4];
-  __device__ __forceinline__ void load(const LpWPlanes<LP_F16>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_F16>& p, int row, int kt, int u, int nb, bool ok) {
     const uint8_t* base = p.f[0] + ((size_t)row * nb + kt * 64 + 32 * u) * 2;
     #pragma unroll
     for (int c = 0; c < 4; ++c) v[c] = ok && kt * 64 + 32 * u + 8 * c < nb ? lp_load16(base + 16 * c) : lp_zero16();
@@ -392,12 +361,12 @@ template <int ACT, int SB, int XS> struct LpXRaw {
   int bs;  // q8_k: two 16-value sums (int16 pair)
   __device__ __forceinline__ void load(const LpXSrc& x, int n, int kt, int q, int rows, int k) {
     const bool ok = n < rows;
-    if (ACT == 3) {
+    if (ACT == LP_ACT_F16) {
       const int kk = kt * 64 + 16 * q;
       const uint8_t* p = (const uint8_t*)x.qs + ((size_t)n * k + kk) * 2;
       v[0] = ok && kk < k ? lp_load16(p) : lp_zero16();
       v[1] = ok && kk + 8 < k ? lp_load16(p + 16) : lp_zero16();
-    } else if (ACT == 2) {
+    } else if (ACT == LP_ACT_Q8_K) {
       const size_t sb = (size_t)n * (k / 256) + (kt >> 1);
       const int8_t* p = x.qs + (size_t)n * k + kt * 128 + 32 * q;
       v[0] = ok ? lp_load16(p) : lp_zero16();
@@ -416,7 +385,7 @@ template <int ACT, int SB, int XS> struct LpXRaw {
   __device__ __forceinline__ void store(const LpTile& t, int r, int q) const {
     lp_store16(&t.x[lp_chunk(r, 2 * q)], v[0]);
     lp_store16(&t.x[lp_chunk(r, 2 * q + 1)], v[1]);
-    if (ACT == 2) {
+    if (ACT == LP_ACT_Q8_K) {
       if (q == 0) t.xd[r] = d;
       if (XS) {
         const int lo = (int)(short)(bs & 0xFFFF), hi = bs >> 16;
@@ -427,7 +396,7 @@ template <int ACT, int SB, int XS> struct LpXRaw {
           t.xs[r * 8 + 2 * q + 1] = d * (float)hi;
         }
       }
-    } else if (ACT != 3) {
+    } else if (ACT != LP_ACT_F16) {
       t.xd[r * 4 + q] = d;
       if (XS) {  // the block's exact sum of qs
         int sum = 0;
@@ -711,7 +680,7 @@ template <class C, int F>
 __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C::ACC]) {
   typedef LpW<F> T;
   const int tw = lp_tid() % 16, tr = lp_tid() / 16;
-  if constexpr (T::ACT == 3) {
+  if constexpr (T::ACT == LP_ACT_F16) {
     #pragma unroll 1
     for (int ch = 0; ch < 8; ++ch) {
       lp_u4 b[C::DJ];
@@ -763,7 +732,7 @@ __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C
       #pragma unroll
       for (int i = 0; i < C::DI; ++i) {
         const int row = tr + C::RG * i;
-        const float dx = T::ACT == 2 ? t.xd[row] : t.xd[row * 4 + s];
+        const float dx = T::ACT == LP_ACT_Q8_K ? t.xd[row] : t.xd[row * 4 + s];
         const float xs = T::MIN ? t.xs[row * NSB + s] : 0.0f;
         #pragma unroll
         for (int j = 0; j < C::DJ; ++j) {
@@ -795,7 +764,7 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
   typedef LpGemmSmem<TR, TW, F> L;
   const int n = a.n[seg], k = a.k;
   const int w0 = tile * TW, r0 = lp_bid_y() * TR;
-  const int nkt = T::ACT == 3 ? (k + 63) / 64 : (k + 127) / 128;
+  const int nkt = T::ACT == LP_ACT_F16 ? (k + 63) / 64 : (k + 127) / 128;
   const int per = (nkt + a.splits - 1) / a.splits;
   const int kt0 = SPLIT ? lp_min(nkt, (int)lp_bid_z() * per) : 0;
   const int kt1 = SPLIT ? lp_min(nkt, kt0 + per) : nkt;
@@ -809,9 +778,9 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
   t.xs = (float*)(smem + L::XS);
 
   const LpWPlanes<F> wp = lp_weight_planes<F>(a.w[seg], n, k);
-  const int nb = T::ACT == 3 ? k : k / T::QK;
+  const int nb = T::ACT == LP_ACT_F16 ? k : k / T::BLOCK;
   LpXSrc xsrc;
-  if (T::ACT == 3) {
+  if (T::ACT == LP_ACT_F16) {
     xsrc.qs = (const int8_t*)a.x;
     xsrc.d = nullptr;
     xsrc.bsums = nullptr;
