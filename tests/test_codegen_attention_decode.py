@@ -17,6 +17,7 @@ from llmplan.codegen.families import attention_decode as ad
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATIONS
 from llmplan.runtime import numpy_kernels as ck
 
 from codegen_checks import built, needs_emulator
@@ -36,7 +37,7 @@ NAMES = ["lp_attention_partial_d128_g4_c256", "lp_attention_partial_d128_g8_c256
 
 
 def all_kernels():
-    return [ad.partial_kernel(*p) for p in PARTIALS] + [ad.reduce_kernel(f) for f in ad.OUT_FORMATS]
+    return [ad.partial_kernel(*p) for p in PARTIALS] + [ad.reduce_kernel(f) for f in ACTIVATIONS]
 
 
 # --- building ------------------------------------------------------------------------------------
@@ -81,7 +82,8 @@ def test_shape_errors():
     with pytest.raises(BuildError, match="whole 16-position pages"):
         ad.partial_kernel(128, 4, 200)
     with pytest.raises(BuildError, match="format"):
-        ad.reduce_kernel("q4_k")
+        ad.launches(lowered({"op": "attention_reduce_pack", "args": [{"buf": 1}], "outs": [{"buf": 2}],
+                             "attrs": {"format": "q4_k"}}), gemma_context())
 
 
 # --- launch records ------------------------------------------------------------------------------
@@ -134,7 +136,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def emulators():
     """wave -> runner, built on first use (a GPU runner skips the wave width its GPU lacks)."""
-    kernels = [ad.partial_kernel(c[0], c[1], c[3]) for c in CASES] + [ad.reduce_kernel(f) for f in ad.OUT_FORMATS]
+    kernels = [ad.partial_kernel(c[0], c[1], c[3]) for c in CASES] + [ad.reduce_kernel(f) for f in ACTIVATIONS]
     return functools.cache(lambda wave: runner(kernels, wave))
 
 
@@ -193,7 +195,7 @@ def _partials(rng, rows, heads, d, splits):
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("fmt", list(ad.OUT_FORMATS))
+@pytest.mark.parametrize("fmt", list(ACTIVATIONS))
 def test_reduce_matches_twin(emulators, wave, fmt):
     heads, d = (8, 128) if fmt == "q8_k" else (5, 96)  # 480 outputs: a partial last tile
     rows, splits = 3, 6

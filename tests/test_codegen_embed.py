@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from llmplan.codegen import build as build_mod
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import embed
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -48,7 +49,7 @@ def test_launch():
 
 def test_unreadable_tables_are_errors():
     ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 100]}]), {"t": ("Q8_0", (10, 100))}, TARGETS["sm_90"])
-    with pytest.raises(embed.EmbedError, match="not whole blocks"):
+    with pytest.raises(BuildError, match="not a multiple"):
         embed.launches(lowered({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}],
                         "outs": [{"buf": 0}]}), ctx)
 

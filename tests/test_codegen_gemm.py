@@ -15,6 +15,7 @@ import dataclasses
 
 import pytest
 
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import gemm
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -44,10 +45,10 @@ def test_plain_launch():
     assert (k.family, k.source, k.block, k.expects) == ("gemm_mma", "gemm.cu", 256, ("imma",))
     assert ln.grid == (32, ("rows", 128), 1)
     assert ln.smem == 0
-    assert wire(ln.args) == [{"buf": 0}, {"i32": "rows"}, {"i32": 4096},
-                       {"weight": "blk.0.attn_output.weight", "layout": "planar"}, {"i32": 4096}, {"buf": 1}]
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "blk.0.attn_output.weight", "layout": "planar"}, {"buf": 1},
+                             {"i32": "rows"}, {"i32": 4096}, {"i32": 4096}]
     assert k.entry.startswith("LP_KERNEL void __launch_bounds__(256) lp_gemm_mma_128x128_q4_k_res0(const void* x, "
-                              "int rows, int k, const void* w0, int n0, float* o0) { lp_gemm<128, 128, 0, LP_FMT_Q4_K, "
+                              "const void* w0, float* y0, int rows, int k, int n0) { lp_gemm<128, 128, 0, LP_FMT_Q4_K, "
                               "LP_FMT_Q4_K, LP_FMT_Q4_K, 1, 0, 0>(")
 
 
@@ -61,10 +62,8 @@ def test_segmented_launch():
     assert ln.kernel.name == "lp_gemm_mma_64x128_q4_k_q4_k_q6_k_res0"
     assert ln.kernel.block == 256
     assert ln.grid == (32 + 8 + 8, ("rows", 64), 1)  # each segment starts its own column tiles
-    assert wire(ln.args) == [{"buf": 0}, {"i32": "rows"}, {"i32": 4096},
-                       {"weight": "q", "layout": "planar"}, {"i32": 4096}, {"buf": 1},
-                       {"weight": "k", "layout": "planar"}, {"i32": 1024}, {"buf": 2},
-                       {"weight": "v", "layout": "planar"}, {"i32": 1000}, {"buf": 3}]
+    assert wire(ln.args) == [{"buf": 0}, *({"weight": w, "layout": "planar"} for w in "qkv"), {"buf": 1}, {"buf": 2},
+                             {"buf": 3}, {"i32": "rows"}, {"i32": 4096}, {"i32": 4096}, {"i32": 1024}, {"i32": 1000}]
 
 
 def test_residual_launch_on_the_dot_product_member():
@@ -78,7 +77,7 @@ def test_residual_launch_on_the_dot_product_member():
     assert ln.kernel.family == "gemm_dot4" and ln.kernel.block == 128
     assert ln.kernel.expects == ("dot4",)
     assert ln.grid == (64, ("rows", 64), 1)
-    assert wire(ln.args)[-1] == {"buf": 2} and wire(ln.args)[-2] == {"buf": 1}
+    assert wire(ln.args)[2] == {"buf": 2} and wire(ln.args)[3] == {"buf": 1}  # the residual, then the output
 
 
 def test_split_k_launches_a_fixup():
@@ -134,22 +133,23 @@ def test_errors_name_the_problem():
                   [{"dtype": "q8_k", "shape": ["rows", 256]}, {"dtype": "f32", "shape": ["rows", 64]}])
     launch = lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}],
               "member": "mma_128x128"})
-    with pytest.raises(gemm.GemmError, match="no kernel for gfx942: CDNA3 MFMA"):
+    with pytest.raises(BuildError, match="no kernel for gfx942: CDNA3 MFMA"):
         gemm.launches(launch, ctx)
-    with pytest.raises(gemm.GemmError, match="not one of"):
+    with pytest.raises(BuildError, match="not one of"):
         gemm.launches(dataclasses.replace(launch, member="mma_96x96"), ctx)
     bf = context("sm_90", {"w": ("BF16", (64, 256))},
                  [{"dtype": "bf16", "shape": ["rows", 256]}, {"dtype": "f32", "shape": ["rows", 64]}])
-    with pytest.raises(gemm.GemmError, match="bf16 is not supported"):
+    with pytest.raises(BuildError, match="weight w is BF16; the kernels read"):
         gemm.launches(dataclasses.replace(launch, member="mma_64x64"), bf)
     odd = context("sm_90", {"w": ("F16", (64, 100))},
                   [{"dtype": "f16", "shape": ["rows", 100]}, {"dtype": "f32", "shape": ["rows", 64]}])
-    with pytest.raises(gemm.GemmError, match="not a multiple"):
+    with pytest.raises(BuildError, match="not a multiple"):
         gemm.launches(dataclasses.replace(launch, member="mma_64x64"), odd)
-    with pytest.raises(gemm.GemmError, match="different activation formats"):
-        gemm.kernel("mma_64x64", ("q4_k", "q8_0"))
-    with pytest.raises(gemm.GemmError, match="one segment"):
-        gemm.kernel("mma_64x64", ("q4_k", "q4_k"), residual=True)
+    mixed = context("sm_90", {"a": ("Q4_K", (64, 256)), "b": ("Q8_0", (64, 256))},
+                    [{"dtype": "q8_k", "shape": ["rows", 256]}] + [{"dtype": "f32", "shape": ["rows", 64]}] * 2)
+    with pytest.raises(BuildError, match="different activations"):
+        gemm.launches(lowered({"op": "matmul_segmented", "attrs": {}, "args": [{"buf": 0}, {"weight": "a"}, {"weight": "b"}],
+                               "outs": [{"buf": 1}, {"buf": 2}], "member": "mma_64x64"}), mixed)
 
 
 def test_names_are_stable():

@@ -20,6 +20,7 @@ import functools
 import numpy as np
 import pytest
 
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import matvec
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -122,14 +123,14 @@ def test_names_are_stable_and_the_same_on_every_target(target):
 def test_errors(weights, fmt, message):
     k = weights["w"][1][1]
     ctx = context("sm_90", weights, [{"dtype": fmt, "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", 64]}])
-    with pytest.raises(matvec.MatvecError, match=message):
+    with pytest.raises(BuildError, match=message):
         matvec.launches(lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}), ctx)
 
 
 def test_segments_must_share_the_activation_format():
     ctx = context("sm_90", {"a": ("Q4_K", (64, 256)), "b": ("Q8_0", (64, 256))},
                   [{"dtype": "q8_k", "shape": ["rows", 256]}] + [{"dtype": "f32", "shape": ["rows", 64]}] * 2)
-    with pytest.raises(matvec.MatvecError, match="different activations"):
+    with pytest.raises(BuildError, match="different activations"):
         matvec.launches(lowered({"op": "matmul_segmented", "attrs": {}, "args": [{"buf": 0}, {"weight": "a"}, {"weight": "b"}],
                          "outs": [{"buf": 1}, {"buf": 2}]}), ctx)
 

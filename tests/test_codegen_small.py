@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import pytest
 
+from llmplan.codegen import operands
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.families import glu, rope_kv
@@ -27,9 +28,9 @@ from launch_records import lowered, phase_buffers, wire
 
 
 def all_kernels():
-    return ([rope_kv.kernel(m, n) for m in rope_kv.MODES for n in (False, True)]
-            + [glu.kernel(a, f) for a in glu.ACTS for f in glu.FORMATS]
-            + [ew.kernel(o, v) for o in ew.OPS for v in (4, 1)]
+    return ([rope_kv.kernel(m, n) for m in operands.ROPE_MODES for n in (False, True)]
+            + [glu.kernel(a, f) for a in operands.GLU_ACTS for f in glu.FORMATS]
+            + [ew.kernel(o, v) for o in operands.EW_OPS for v in (4, 1)]
             + [ew.take_rows_kernel(b) for b in (16, 4, 2, 1)])
 
 
@@ -62,10 +63,11 @@ def test_builds_without_spills(target):
 
 
 def test_errors():
-    with pytest.raises(BuildError, match="mode"):
-        rope_kv.kernel("glm", False)
+    gates = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 64]}] * 2 + [{"dtype": "q8_0", "shape": ["rows", 64]}]),
+                    {}, TARGETS["sm_89"])
     with pytest.raises(BuildError, match="activation"):
-        glu.kernel("relu", "q8_0")
+        glu.launches(lowered({"op": "glu_pack", "attrs": {"act": "relu", "format": "q8_0"}, "args": [{"buf": 0}, {"buf": 1}],
+                              "outs": [{"buf": 2}]}), gates)
     with pytest.raises(BuildError, match="elementwise"):
         ew.kernel("div", 4)
     ctx = Context(phase_buffers([{"dtype": "q8_0", "shape": ["rows", 64]}, {"dtype": "i32", "shape": ["seqs"]},
@@ -108,6 +110,11 @@ def test_rope_kv_launch_records():
     assert wire(l.args)[7] == {"rope_table": {"base": 10000.0, "scale": 1.0, "dims": 256, "factors": None,
                                         "positions": "ctx"}}
     assert wire(l.args)[8:11] == [*norms, {"buf": 3}] and wire(l.args)[-1] == {"f32": 1e-6}
+    with pytest.raises(BuildError, match="rotation mode 'glm'"):
+        rope_kv.launches(lowered({"op": "norm_rope_kv", "attrs": attrs | {"mode": "glm"},
+                                  "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
+                                           {"state": "pages"}, {"cache": 1}, *norms], "outs": [{"buf": 3}, {"cache": 1}]}),
+                         ctx)
 
 
 def test_glu_and_elementwise_launch_records():
@@ -234,7 +241,7 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("act", list(glu.ACTS))
+@pytest.mark.parametrize("act", list(operands.GLU_ACTS))
 @pytest.mark.parametrize("fmt", list(glu.FORMATS))
 def test_glu_pack_matches_twin(emulators, wave, act, fmt):
     rng = np.random.default_rng(3)
@@ -277,7 +284,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("op", list(ew.OPS))
+@pytest.mark.parametrize("op", list(operands.EW_OPS))
 @pytest.mark.parametrize("k", [2048 + 4, 777])
 def test_elementwise_matches_twin(emulators, wave, op, k):
     rng = np.random.default_rng(k)
@@ -286,13 +293,13 @@ def test_elementwise_matches_twin(emulators, wave, op, k):
     x[0, :8] = [0.0, -0.0, 1e-30, -1e-30, 88.0, -90.0, 500.0, -500.0]  # tiny, overflow of exp
     y = rng.standard_normal((rows, k)).astype(np.float32)
     attrs = {"scale": {"factor": 25.298221281347036}, "softcap": {"cap": 30.0}}.get(op, {})
-    args = [{"buf": 0}, {"buf": 1}] if op in ew.BINARY else [{"buf": 0}]
+    args = [{"buf": 0}, {"buf": 1}] if op in operands.EW_BINARY else [{"buf": 0}]
     ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", k]}] * 3), {}, TARGETS["sm_89"])
     (l,) = ew.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}), ctx)
     out = np.full_like(x, np.nan)
     emulators(wave).launch(l, _bind({0: x, 1: y, 2: out}), {"rows": rows})
     want = np.empty_like(x)
-    ck.elementwise(op, attrs, [want], x, *([y] if op in ew.BINARY else []))
+    ck.elementwise(op, attrs, [want], x, *([y] if op in operands.EW_BINARY else []))
     assert not np.isnan(out).any()
     if op in ("add", "mul", "scale"):
         assert np.array_equal(out, want)

@@ -28,7 +28,7 @@ OUT_FORMATS = ["f32", "q8_0", "q8_1", "q8_k", "f16", "bf16"]
 def catalog():
     groups = sorted({c[1] for c in CASES})
     return [*(at.attention_kernel(g) for g in groups), *(at.partial_kernel(g) for g in groups),
-            *(at.reduce_kernel(f, 256) for f in OUT_FORMATS)]
+            *(at.reduce_kernel(f) for f in OUT_FORMATS)]
 
 
 # (head_dim, group, kv_heads, chunk, ctx, window, seq, pos): each row's sequence and position
@@ -165,5 +165,7 @@ def test_launch_records():
     attrs = {"chunk": 256, "heads": 4, "kv_heads": 1, "layer": 6, "scale": 0.0625, "window": 512}
     (ln,) = at.launches(lowered({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}), ctx)
     assert ln.kernel.name == "lp_cpu_attention_partial_g4" and ln.grid == (1,)
-    assert wire(ln.args)[5:] == [{"buf": 1}, {"i32": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 4},
-                           {"i32": 1}, {"i32": 256}, {"i32": "splits"}, {"i32": 512}, {"i32": 256}, {"f32": 0.0625}]
+    # the contract's arguments (operands.attention_params), then rows, heads, d, chunk
+    assert wire(ln.args)[5:] == [{"buf": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 1},
+                                 {"i32": "splits"}, {"i32": 512}, {"f32": 0.0625}, {"i32": 1}, {"i32": 4}, {"i32": 256},
+                                 {"i32": 256}]

@@ -16,10 +16,12 @@ import time
 import numpy as np
 import pytest
 
+from llmplan.codegen import operands
 from llmplan.codegen.cpu_families import elementwise as ew
 from llmplan.codegen.cpu_families import embed, glu, norm, rope_kv
 from llmplan.codegen.families.rope_kv import rope_f32
 from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATIONS
 from llmplan.core.numerics import rope_table
 from llmplan.runtime import numpy_kernels as ck
 
@@ -27,14 +29,14 @@ from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compile
 from kernel_inputs import nmse, packed_buffer, page_table
 from launch_records import lowered, wire
 
-OUT_FORMATS = list(norm.FORMATS)
+OUT_FORMATS = list(ACTIVATIONS)
 PLAIN = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32}
 
 
 def catalog():
     ks = [embed.kernel(f) for f in embed.FORMATS]
-    ks += [glu.kernel(a, f, 256) for a in glu.ACTS for f in OUT_FORMATS]
-    ks += [ew.kernel(op) for op in ew.OPS] + [ew.take_rows_kernel()]
+    ks += [glu.kernel(a, f) for a in operands.GLU_ACTS for f in OUT_FORMATS]
+    ks += [ew.kernel(op) for op in operands.EW_OPS] + [ew.take_rows_kernel()]
     ks += [rope_kv.kernel(m, n) for m in ("norm", "neox") for n in (False, True)]
     ctx = context([{"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": [256]},
                    {"dtype": "f32", "shape": ["rows", 256]}], {})
@@ -146,7 +148,7 @@ def test_embed_is_bit_exact(fmt, isa, rng):
 
 @each_compiler
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("act", list(glu.ACTS))
+@pytest.mark.parametrize("act", list(operands.GLU_ACTS))
 @pytest.mark.parametrize("fmt", ["q8_0", "q8_1", "q8_k", "f16", "bf16"])
 def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
     rows, k = 3, 768
@@ -174,21 +176,21 @@ def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
 
 @each_compiler
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("op", list(ew.OPS))
+@pytest.mark.parametrize("op", list(operands.EW_OPS))
 def test_elementwise_matches_the_twin(op, isa, rng):
     rows, k = 3, 1000
     x = (rng.standard_normal((rows, k)) * 4).astype(np.float32)
     x[0, :10] = [0.0, -0.0, 1e-30, -1e-30, 88.0, -90.0, 500.0, -500.0, np.nan, np.inf]
     y = rng.standard_normal((rows, k)).astype(np.float32)
     attrs = {"scale": {"factor": 25.298221281347036}, "softcap": {"cap": 30.0}}.get(op, {})
-    args = [{"buf": 0}, {"buf": 1}] if op in ew.BINARY else [{"buf": 0}]
+    args = [{"buf": 0}, {"buf": 1}] if op in operands.EW_BINARY else [{"buf": 0}]
     launches = ew.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}),
                            context([{"dtype": "f32", "shape": ["rows", k]}] * 3, {}))
     out = np.full_like(x, np.nan)
     run(library(catalog, isa), launches, {"buf:0": x, "buf:1": y, "buf:2": out}, {"rows": rows})
     want = np.empty_like(x)
     with np.errstate(all="ignore"):
-        ck.elementwise(op, attrs, [want], x, *([y] if op in ew.BINARY else []))
+        ck.elementwise(op, attrs, [want], x, *([y] if op in operands.EW_BINARY else []))
     assert np.array_equal(np.isnan(out), np.isnan(want)) and np.array_equal(np.isinf(out), np.isinf(want))
     fin = np.isfinite(want)
     if op in ("add", "mul", "scale"):

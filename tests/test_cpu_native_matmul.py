@@ -16,6 +16,7 @@ import subprocess
 import numpy as np
 import pytest
 
+from llmplan.codegen.build import BuildError
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
@@ -135,13 +136,16 @@ def test_names_and_members():
 def test_errors(weights, fmt, message):
     k = weights["w"][1][1]
     ctx = context([{"dtype": fmt, "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", 64]}], weights)
-    with pytest.raises(matmul.CpuMatmulError, match=message):
+    with pytest.raises(BuildError, match=message):
         matmul.launches(lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}), ctx)
 
 
 def test_segments_must_share_the_activation_format():
-    with pytest.raises(matmul.CpuMatmulError, match="different activations"):
-        matmul.kernel(["Q4_K", "Q8_0"], False)
+    ctx = context([{"dtype": "q8_k", "shape": ["rows", 256]}] + [{"dtype": "f32", "shape": ["rows", 64]}] * 2,
+                  {"a": ("Q4_K", (64, 256)), "b": ("Q8_0", (64, 256))})
+    with pytest.raises(BuildError, match="different activations"):
+        matmul.launches(lowered({"op": "matmul_segmented", "attrs": {}, "args": [{"buf": 0}, {"weight": "a"}, {"weight": "b"}],
+                                 "outs": [{"buf": 1}, {"buf": 2}]}), ctx)
 
 
 # --- numbers ---------------------------------------------------------------------------------------------

@@ -22,8 +22,9 @@ on grid (ceil(sum n_i / 256), rows) with 256 threads. Shared memory is static (n
 opt-in): shared_bytes(member, formats), at most 45.5 KiB (Q2_K at 128x128), under every target's
 default per-block limit (48 KiB CUDA, 64 KiB LDS gfx11/gfx942).
 
-Weights are read in the "planar" relayout ({"weight": name, "layout": "planar"}: core/formats.planes of
-the weight's format with rows = n, k = in features), activations in the arena's field planes.
+Operands and arguments as codegen/operands.py's projection contract says, then, for a split launch, the
+workspace and the split count; weights are read in the "planar" relayout (core/formats.planes of the
+weight's format with rows = n, k = in features), activations in the arena's field planes.
 
 The workspace of a split launch is not a value of the graph: it is a scratch reference (codegen/kernel.py
 scratch) {"scratch": "gemm_splitk", "dtype": "f32", "shape": [S, rows, sum n_i]}, the same dict in both
@@ -43,15 +44,17 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
-from llmplan.core.op_traits import ops_of
-from llmplan.core.plan_records import Buf, Launch, Ref, Weight, grid_dim
+from llmplan.core.plan_records import Launch, Ref, Weight, grid_dim
 
+from .. import operands
+from ..build import BuildError
 from ..format_header import weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
+from ..operands import declare, projection_params, refs
+from . import matvec
 
 SOURCE = "gemm.cu"
-LAYOUT = "planar"
-OPS = ops_of("matmul")
+SPLIT_PARAMS = (("float*", "ws"), ("int", "splits"))
 
 
 class WeightFormat(NamedTuple):
@@ -64,10 +67,11 @@ class WeightFormat(NamedTuple):
     act: str  # the activation format
 
 
-# the weight formats the tiles read: every one but F32 and BF16 (no f32 / bf16 tiles are written)
+# the weight formats the tiles read: the mat-vec's (no f32 / bf16 tiles are written)
 WEIGHT_FORMATS: dict[str, WeightFormat] = {
-    name.lower(): WeightFormat(weight_code(name), f.block, f.sub, f.has_min, ACTIVATION_FORMAT[name.lower()])
-    for name, f in FORMATS.items() if name not in ("F32", "BF16")
+    name.lower(): WeightFormat(weight_code(name), FORMATS[name].block, FORMATS[name].sub, FORMATS[name].has_min,
+                               ACTIVATION_FORMAT[name.lower()])
+    for name in matvec.FORMATS
 }
 
 FIXUP_THREADS = 256
@@ -98,18 +102,14 @@ MEMBERS: dict[str, Member] = {m.name: m for m in [
     Member("mma", 128, 128), Member("mma", 64, 128), Member("mma", 64, 64), Member("dot4", 64, 64)]}
 
 
-class GemmError(ValueError):
-    """A launch this family cannot serve (format, shape or member); the message says which."""
-
-
 def parse_member(member: str) -> tuple[Member, int]:
     """'mma_128x128_k4' -> (MEMBERS['mma_128x128'], 4); no suffix means no split."""
     m = re.fullmatch(r"((?:mma|dot4)_\d+x\d+)(?:_k(\d+))?", member)
     if not m or m.group(1) not in MEMBERS:
-        raise GemmError(f"gemm member {member!r} is not one of {', '.join(MEMBERS)} (optionally _k<splits>)")
+        raise BuildError(f"gemm member {member!r} is not one of {', '.join(MEMBERS)} (optionally _k<splits>)")
     splits = int(m.group(2) or 1)
     if splits < 1:
-        raise GemmError(f"gemm member {member!r}: splits must be at least 1")
+        raise BuildError(f"gemm member {member!r}: splits must be at least 1")
     return MEMBERS[m.group(1)], splits
 
 
@@ -160,38 +160,22 @@ def shared_bytes(member: str | Member, formats: list[str] | tuple[str, ...]) -> 
 
 
 def kernel(member: str | Member, formats: tuple[str, ...], residual: bool = False, split: bool = False) -> Kernel:
-    """The GEMM kernel for segment weight formats `formats` (1 to 3, one activation format)."""
+    """The GEMM kernel for segment weight formats `formats` (1 to 3, one activation format: the contract's
+    check)."""
     m = member if isinstance(member, Member) else parse_member(member)[0]
-    if not 1 <= len(formats) <= 3:
-        raise GemmError(f"gemm: {len(formats)} segments (1 to 3 supported)")
-    for f in formats:
-        if f not in WEIGHT_FORMATS:
-            raise GemmError(f"gemm: weight format {f} is not supported (supported: {', '.join(WEIGHT_FORMATS)})")
-    acts = {WEIGHT_FORMATS[f].act for f in formats}
-    if len(acts) != 1:
-        raise GemmError(f"gemm: segments {'/'.join(formats)} take different activation formats")
-    if residual and len(formats) != 1:
-        raise GemmError("gemm: a residual epilogue takes one segment")
+    assert 1 <= len(formats) <= 3 and not (residual and len(formats) > 1)
     codes = [WEIGHT_FORMATS[f].code for f in formats]
     codes += [codes[0]] * (3 - len(codes))
     name = f"lp_gemm_{m.name}_{'_'.join(formats)}_res{int(residual)}{'_sk' if split else ''}"
-    params, call = ["const void* x", "int rows", "int k"], ["x", "rows", "k"]
+    call = ["x", "rows", "k"]
     for i in range(3):
-        if i < len(formats):
-            params += [f"const void* w{i}", f"int n{i}", f"float* o{i}"]
-            call += [f"w{i}", f"n{i}", f"o{i}"]
-        else:
-            call += ["nullptr", "0", "nullptr"]
-    if residual:
-        params.append("const float* r")
-    call.append("r" if residual else "nullptr")
-    if split:
-        params += ["float* ws", "int splits"]
-    call += ["ws", "splits"] if split else ["nullptr", "1"]
+        call += [f"w{i}", f"n{i}", f"y{i}"] if i < len(formats) else ["nullptr", "0", "nullptr"]
+    call += ["r" if residual else "nullptr", *(["ws", "splits"] if split else ["nullptr", "1"])]
+    params = declare((*projection_params(len(formats), residual), *(SPLIT_PARAMS if split else ())))
     targs = [m.rows, m.cols, 0 if m.kind == "mma" else 1, *codes, len(formats), int(residual), int(split)]
-    entry = (f"LP_KERNEL void __launch_bounds__({m.threads}) {name}({', '.join(params)}) "
+    entry = (f"LP_KERNEL void __launch_bounds__({m.threads}) {name}({params}) "
              f"{{ lp_gemm<{', '.join(map(str, targs))}>({', '.join(call)}); }}")
-    f16 = acts == {"f16"}
+    f16 = WEIGHT_FORMATS[formats[0]].act == "f16"
     expects = (("hmma",) if f16 else ("imma",)) if m.kind == "mma" else (() if f16 else ("dot4",))
     return Kernel(name, m.family, SOURCE, entry, m.threads, expects)
 
@@ -214,59 +198,26 @@ def fixup_kernel(segments: int, residual: bool) -> Kernel:
     return Kernel(name, "gemm_fixup", SOURCE, entry, FIXUP_THREADS)
 
 
-def _check_shapes(ctx: Context, x: Buf, weights: list[Weight]) -> tuple[tuple[str, ...], int]:
-    formats = tuple(ctx.dtype(w) for w in weights)
-    k = ctx.shape(x)[1]
-    for w, f in zip(weights, formats):
-        if f not in WEIGHT_FORMATS:
-            raise GemmError(f"gemm: weight {w.name} format {f} is not supported "
-                            f"(supported: {', '.join(WEIGHT_FORMATS)})")
-        if ctx.shape(w)[1] != k:
-            raise GemmError(f"gemm: weight {w.name} has {ctx.shape(w)[1]} inputs, the activation {k}")
-        block, act = WEIGHT_FORMATS[f].block, WEIGHT_FORMATS[f].act
-        if ctx.dtype(x) != act:
-            raise GemmError(f"gemm: a {f} weight takes {act} activations, got {ctx.dtype(x)}")
-        if k % (8 if f == "f16" else block):
-            raise GemmError(f"gemm: k = {k} is not a multiple of {f}'s {8 if f == 'f16' else block}-value blocks")
-    return formats, k
-
-
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
-    op = launch.op
-    if op not in OPS:
-        raise GemmError(f"gemm: op {op!r} is not a projection")
+    c = operands.projection(launch, ctx, matvec.FORMATS, matvec.piece)
     member = launch.member
     if member in ("", "numpy"):
         member = default_member(ctx.target)
     m, splits = parse_member(member)
     if m.family in ctx.target.unsupported:
-        raise GemmError(f"gemm member {m.name} has no kernel for {ctx.target.name}: "
-                        f"{ctx.target.unsupported[m.family]}")
-    args_in = launch.args
-    x = args_in[0]
-    residual = op == "matmul_residual"
-    weights = _weights(launch)
-    outs = list(launch.outs)
-    formats, k = _check_shapes(ctx, x, weights)
-    rows = ctx.shape(x)[0]
-    ns = [ctx.shape(w)[0] for w in weights]
-    split = splits > 1
-    kern = kernel(m, formats, residual, split)
-    args: list[Ref] = [x, scalar(rows), scalar(k)]
-    for w, n, o in zip(weights, ns, outs):
-        args += [Weight(w.name, LAYOUT), scalar(n), o]
-    if residual:
-        args.append(args_in[2])
-    grid = (sum(grid_dim(n, m.cols) for n in ns), grid_dim(rows, m.rows), splits)
-    if not split:
+        raise BuildError(f"gemm member {m.name} has no kernel for {ctx.target.name}: "
+                         f"{ctx.target.unsupported[m.family]}")
+    residual = c.residual is not None
+    kern = kernel(m, tuple(f.lower() for f in c.formats), residual, splits > 1)
+    args = refs(c.args(lambda fmt: "planar"))
+    grid = (sum(grid_dim(n, m.cols) for n in c.ns), grid_dim(c.rows, m.rows), splits)
+    if splits == 1:
         return [KernelLaunch(kern, grid, args)]
-    ws = scratch("gemm_splitk", "f32", [splits, rows, sum(ns)])
-    args += [ws, scalar(splits)]
-    fix_args: list[Ref] = [ws, scalar(splits), scalar(rows)]
-    for n, o in zip(ns, outs):
+    ws = scratch("gemm_splitk", "f32", [splits, c.rows, sum(c.ns)])
+    fix_args: list[Ref] = [ws, scalar(splits), scalar(c.rows)]
+    for n, o in zip(c.ns, c.outs):
         fix_args += [o, scalar(n)]
-    if residual:
-        fix_args.append(args_in[2])
-    fix = fixup_kernel(len(weights), residual)
-    return [KernelLaunch(kern, grid, args),
-            KernelLaunch(fix, (grid_dim(sum(ns), FIXUP_THREADS), grid_dim(rows)), fix_args)]
+    fix_args += [c.residual] if residual else []
+    fix = fixup_kernel(len(c.ns), residual)
+    return [KernelLaunch(kern, grid, [*args, ws, scalar(splits)]),
+            KernelLaunch(fix, (grid_dim(sum(c.ns), FIXUP_THREADS), grid_dim(c.rows)), fix_args)]

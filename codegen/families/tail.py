@@ -27,9 +27,10 @@ from typing import Any
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATIONS
 from llmplan.core.plan_records import Launch, Weight, grid_dim
 
+from .. import operands
 from ..format_header import act_code, weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
-from .matvec import FORMATS, MatvecError, check_weight, columns, launch_bounds
+from .matvec import FORMATS, columns, launch_bounds, piece
 from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
 
 THREADS = 256
@@ -65,25 +66,16 @@ def reduce_kernel() -> Kernel:
 
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
-    if launch.op != "tail_argmax":
-        raise MatvecError(f"the tail family does not implement {launch.op}")
-    x, norm, head = launch.args
-    out = launch.outs[0]
-    a = launch.attrs
-    fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
-    act = ACTIVATION_FORMAT[fmt.lower()]
-    if a["format"] != act:
-        raise MatvecError(f"tail_argmax: a {fmt} head takes {act} activations, the op packs {a['format']}")
-    rows = ctx.shape(x)[0]
-    c = columns(launch.member, rows)
-    blocks = -(-vocab // SLICE)
-    packed = scratch("tail_argmax.x", act, [rows, k])
-    part = scratch("tail_argmax.part", "f32", [rows, blocks, 2])
+    t = operands.tail(launch, ctx, FORMATS, piece)
+    c = columns(launch.member, t.rows)
+    blocks = -(-t.vocab // SLICE)
+    packed = scratch("tail_argmax.x", t.act, [t.rows, t.k])
+    part = scratch("tail_argmax.part", "f32", [t.rows, blocks, 2])
     return [
-        KernelLaunch(pack_kernel(act), (grid_dim(rows),),
-               [x, norm, packed, scalar(rows), scalar(k), scalar(a["eps"], "f32")]),
-        KernelLaunch(logits_kernel(fmt, c, ctx.target), (blocks, grid_dim(rows, c)),
-               [packed, Weight(head.name, "planar"), part, scalar(rows), scalar(k), scalar(vocab),
-                scalar(SLICE)]),
-        KernelLaunch(reduce_kernel(), (grid_dim(rows),), [part, out, scalar(blocks)]),
+        KernelLaunch(pack_kernel(t.act), (grid_dim(t.rows),),
+                     [t.x, t.norm, packed, scalar(t.rows), scalar(t.k), scalar(t.eps, "f32")]),
+        KernelLaunch(logits_kernel(t.fmt, c, ctx.target), (blocks, grid_dim(t.rows, c)),
+                     [packed, Weight(t.head.name, "planar"), part, scalar(t.rows), scalar(t.k), scalar(t.vocab),
+                      scalar(SLICE)]),
+        KernelLaunch(reduce_kernel(), (grid_dim(t.rows),), [part, t.out, scalar(blocks)]),
     ]
