@@ -208,7 +208,7 @@ def test_plan_run_on_gemma3_270m_holds_at_most_150_mb_beyond_its_file(gemma3_pat
     Counted from the child's own rusage (os.wait4), so nothing else this process ran counts."""
     plan = tmp_path / "g.plan"
     compile_model(open_model(gemma3_path), local_cpu(), plan, ctx=512)
-    code = f"from llmplan.plans.cli import main; main(['run', {str(plan)!r}, '-p', 'Once upon a time', '-n', '16'])"
+    code = f"from llmplan.commands.cli import main; main(['run', {str(plan)!r}, '-p', 'Once upon a time', '-n', '16'])"
     child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, child.stderr.read().decode()
