@@ -24,6 +24,7 @@
 //   row (NVIDIA), and words(row, w0, r), r's words from word w0 on (gfx11).
 //   lp_frag_mma_f16: d += a b over 16 f16 values; lp_frag_mma_i8: c = LP_I2F_MAGIC + a b over 4W int8;
 //   lp_sched_barrier between stretches of fragment work.
+//   LpRowMma: products over the wave's own 16 rows (flash attention).
 //
 // Integer sums become floats through the magic-number trick: a sum that starts at LP_I2F_MAGIC
 // (the bits of 2^23 + 2^22) ends as the bits of the float 12582912 + I, exact while |I| < 2^22, so
@@ -94,6 +95,16 @@ __device__ __forceinline__ lp_v8f lp_wmma_f16(lp_v16h a, lp_v16h b, lp_v8f c) {
 __device__ __forceinline__ void lp_sched_barrier() {
 #if defined(LP_HIP)
   __builtin_amdgcn_sched_barrier(0);
+#endif
+}
+
+// two floats rounded to f16, low then high half of one 32-bit operand word
+__device__ __forceinline__ unsigned lp_pack_h2(float lo, float hi) {
+#if defined(LP_HIP)
+  return (unsigned)__builtin_bit_cast(unsigned short, (_Float16)lo) |
+         ((unsigned)__builtin_bit_cast(unsigned short, (_Float16)hi) << 16);
+#else
+  return (unsigned)__half_as_ushort(__float2half_rn(lo)) | ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
 #endif
 }
 
@@ -180,4 +191,86 @@ __device__ __forceinline__ void lp_frag_mma_i8(int (&c)[LP_FRAG_EL], const LpFra
   #pragma unroll
   for (int e = 0; e < 8; ++e) c[e] = v[e];
 }
+#endif
+
+// ---- products over the wave's own 16 rows ------------------------------------------------------
+// D[16 x n] += A[16 x 16] B[16 x n] where the wave owns A's and D's 16 rows (flash attention: S = Q K^T
+// over its query vectors, O += P V over their weights), f16 operands, f32 accumulators (LpFragAcc) in
+// fragments of N columns. NVIDIA computes D as is: A is the A operand, a lane holds rows g and g + 8
+// (SLOTS = 2). gfx11 computes D^T = B^T A^T: A is the B operand, so that a lane holds one row, l % 16
+// (SLOTS = 1), and the lanes holding a row are 16 apart. B is read as the rows of a tile (K's
+// positions, V^T's dimensions). A lane's accumulator elements are SLOTS runs of ROW_EL, one per row.
+#if defined(LP_MMA)
+struct LpRowMma {
+  static constexpr int N = LP_FRAG_N, SLOTS = 2, ROW_EL = LP_FRAG_EL / SLOTS;
+  typedef LpFragA<8> Rows;
+  typedef LpFragB<8> Cols;
+  // the row (0..15) of slot h; the column of accumulator element e of a fragment at column c0
+  __device__ static __forceinline__ int row(int h) { return lp_frag_row(2 * h); }
+  __device__ static __forceinline__ int col(int c0, int e) { return c0 + ((lp_lane() & 3) << 1) + (e & 1); }
+  template <class Tile> __device__ static __forceinline__ Rows rows(const Tile& t, int r0, int w0) {
+    return lp_frag_a<8>(t, r0, w0);
+  }
+  template <class Tile> __device__ static __forceinline__ Cols cols(const Tile& t, int c0, int w0) {
+    return lp_frag_b<8>(t, c0, w0);
+  }
+  __device__ static __forceinline__ void mma(LpFragAcc& d, const Rows& a, const Cols& b) { lp_frag_mma_f16(d, a, b); }
+  // over the lanes holding the same rows (t = 0..3)
+  __device__ static __forceinline__ float max(float x) {
+    x = lp_fmax(x, lp_shfl_xor(x, 1));
+    return lp_fmax(x, lp_shfl_xor(x, 2));
+  }
+  __device__ static __forceinline__ float sum(float x) {
+    x += lp_shfl_xor(x, 1);
+    return x + lp_shfl_xor(x, 2);
+  }
+  // 16 columns of D (acc[0], acc[1]), rounded to f16, as the A operand of the next product: the
+  // accumulator layout of two neighbouring fragments is the A fragment layout
+  __device__ static __forceinline__ Rows rows_of(const float (*acc)[LP_FRAG_EL]) {
+    Rows a;
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      a.r[2 * j] = (int)lp_pack_h2(acc[j][0], acc[j][1]);
+      a.r[2 * j + 1] = (int)lp_pack_h2(acc[j][2], acc[j][3]);
+    }
+    return a;
+  }
+};
+#elif defined(LP_WMMA)
+struct LpRowMma {
+  static constexpr int N = 16, SLOTS = 1, ROW_EL = LP_FRAG_EL;  // N: D^T's fragment rows
+  typedef LpFragB<8> Rows;
+  typedef LpFragA<8> Cols;
+  __device__ static __forceinline__ int row(int h) { return lp_frag_col(h); }
+  __device__ static __forceinline__ int col(int c0, int e) { return c0 + 2 * e + (lp_lane() >> 4); }
+  template <class Tile> __device__ static __forceinline__ Rows rows(const Tile& t, int r0, int w0) {
+    return lp_frag_b<8>(t, r0, w0);
+  }
+  template <class Tile> __device__ static __forceinline__ Cols cols(const Tile& t, int c0, int w0) {
+    return lp_frag_a<8>(t, c0, w0);
+  }
+  __device__ static __forceinline__ void mma(LpFragAcc& d, const Rows& a, const Cols& b) { lp_frag_mma_f16(d, b, a); }
+  // over the lanes holding the same row (l, l ^ 16)
+  __device__ static __forceinline__ float max(float x) { return lp_fmax(x, lp_shfl_xor(x, 16)); }
+  __device__ static __forceinline__ float sum(float x) { return x + lp_shfl_xor(x, 16); }
+  // 16 columns of D (acc[0]), rounded to f16, as the B operand of the next product: lane l needs
+  // columns 0..15 of row l % 16; it holds 2e + l / 16, the lane 16 away the rest
+  __device__ static __forceinline__ Rows rows_of(const float (*acc)[LP_FRAG_EL]) {
+    const bool hi = lp_lane() >> 4;
+    unsigned mine[4], other[4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      mine[j] = lp_pack_h2(acc[0][2 * j], acc[0][2 * j + 1]);
+      other[j] = lp_shfl_xor(mine[j], 16);
+    }
+    Rows b;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {  // word j: columns 2j (the even lane's e = j), 2j + 1 (the odd lane's)
+      const unsigned ev = hi ? other[j >> 1] : mine[j >> 1], od = hi ? mine[j >> 1] : other[j >> 1];
+      const unsigned sh = (j & 1) * 16;
+      b.r[j] = (int)(((ev >> sh) & 0xFFFFu) | (((od >> sh) & 0xFFFFu) << 16));
+    }
+    return b;
+  }
+};
 #endif
