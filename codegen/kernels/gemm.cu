@@ -540,7 +540,7 @@ __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C
     #pragma unroll 1
     for (int s = 0; s < NSB; ++s) {
       // this sub-block's weight scales and operands, then each fragment's integer tile is scaled as soon
-      // as it is made
+      // as it is made; scales per accumulator element (the compiler loads each distinct column once)
       float sw[C::NF][C::EL], wm[C::NF][C::EL];
       #pragma unroll
       for (int ni = 0; ni < C::NF; ++ni)
