@@ -414,12 +414,15 @@ template <int TR, int TW, int KIND> struct LpGemmCfg {
   static constexpr int WAVES = THREADS / 32;
 #if defined(LP_WMMA)
   static constexpr int WR = TR == 128 && TW == 128 ? 4 : 2;  // waves along rows
-  static constexpr int FN = 16;                              // fragment width along weights
-  static constexpr int EL = 8;                               // accumulators per lane per fragment
+  static constexpr int KU = 1;  // F16 k-steps unrolled per tile (all 4 spill at 128x128 on gfx11)
 #else
   static constexpr int WR = 2;
-  static constexpr int FN = 8;
-  static constexpr int EL = 4;
+  static constexpr int KU = 4;
+#endif
+#if defined(LP_FRAGMENTS)
+  static constexpr int FN = LP_FRAG_N, EL = LP_FRAG_EL;  // a fragment's weights, a lane's accumulators of it
+#else
+  static constexpr int FN = 1, EL = 0;  // no fragments: the dot-product member only
 #endif
   static constexpr int WW = WAVES / WR;
   static constexpr int WTR = TR / WR, WTW = TW / WW;  // a wave's tile
@@ -453,205 +456,104 @@ __device__ __forceinline__ void lp_gemm_put(const LpGemmArgs& a, int seg, int co
   }
 }
 
-__device__ __forceinline__ int lp_tile_word(const lp_u4* tile, int row, int word) {
-  return (int)tile[lp_chunk(row, word >> 2)].w[word & 3];
-}
-
-#if defined(LP_WMMA)
-// chunk ch of a tile row (16 int8 values) as a WMMA iu8 operand
-__device__ __forceinline__ lp_v4i lp_tile_i8x16(const lp_u4* tile, int row, int ch) {
-  const lp_u4 v = tile[lp_chunk(row, ch)];
-  return lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
-}
-// chunks ch, ch + 1 of a tile row (16 f16 values) as a WMMA f16 operand
-__device__ __forceinline__ lp_v16h lp_tile_h16(const lp_u4* tile, int row, int ch) {
-  const lp_u4 lo = tile[lp_chunk(row, ch)], up = tile[lp_chunk(row, ch + 1)];
-  const lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
-                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
-  return __builtin_bit_cast(lp_v16h, v);
-}
-#endif
+// a k-tile as mma.cuh's fragment loaders read it: word w of a row, or its words from w0 on (whole
+// 16-byte chunks, each a single load)
+struct LpTileRows {
+  const lp_u4* p;
+  __device__ __forceinline__ int word(int row, int w) const { return (int)p[lp_chunk(row, w >> 2)].w[w & 3]; }
+  template <int W> __device__ __forceinline__ void words(int row, int w0, int (&r)[W]) const {
+    #pragma unroll
+    for (int c = 0; c < W / 4; ++c) {
+      const lp_u4 v = p[lp_chunk(row, w0 / 4 + c)];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) r[4 * c + j] = (int)v.w[j];
+    }
+  }
+};
 
 // ---- compute: matrix cores ---------------------------------------------------------------------
+// The wave's MF x NF fragments of 16 activation rows x FN weights; acc holds fragment (mi, ni)'s
+// accumulators at (mi * NF + ni) * EL.
 template <class C, int F>
 __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C::ACC]) {
+#if defined(LP_FRAGMENTS)
   typedef LpW<F> T;
   constexpr int NSB = T::ACT == 3 ? 0 : 128 / T::SB;
   const int wave = lp_wave();
   const int rb = (wave % C::WR) * C::WTR, wb = (wave / C::WR) * C::WTW;
-#if defined(LP_MMA)
-  const int g = lp_lane() >> 2, tq = lp_lane() & 3;
+  const LpTileRows xt{t.x}, wt{t.w};
   if constexpr (T::ACT == 3) {
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      int a[C::MF][4], b[C::NF][2];
+    #pragma unroll C::KU
+    for (int s = 0; s < 4; ++s) {  // 16 f16 values (8 words) per step
+      LpFragA<8> a[C::MF];
+      LpFragB<8> b[C::NF];
       #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) {
-        const int r0 = rb + mi * 16 + g;
-        a[mi][0] = lp_tile_word(t.x, r0, 8 * s + tq);
-        a[mi][1] = lp_tile_word(t.x, r0 + 8, 8 * s + tq);
-        a[mi][2] = lp_tile_word(t.x, r0, 8 * s + 4 + tq);
-        a[mi][3] = lp_tile_word(t.x, r0 + 8, 8 * s + 4 + tq);
-      }
+      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_frag_a<8>(xt, rb + mi * 16, 8 * s);
       #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int c0 = wb + ni * 8 + g;
-        b[ni][0] = lp_tile_word(t.w, c0, 8 * s + tq);
-        b[ni][1] = lp_tile_word(t.w, c0, 8 * s + 4 + tq);
-      }
+      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_frag_b<8>(wt, wb + ni * C::FN, 8 * s);
       #pragma unroll
       for (int mi = 0; mi < C::MF; ++mi)
         #pragma unroll
         for (int ni = 0; ni < C::NF; ++ni) {
-          float* d = &acc[(mi * C::NF + ni) * 4];
-          float dv[4] = {d[0], d[1], d[2], d[3]};
-          lp_mma_f16_k16(dv, a[mi], b[ni]);
-          d[0] = dv[0]; d[1] = dv[1]; d[2] = dv[2]; d[3] = dv[3];
+          float* d = &acc[(mi * C::NF + ni) * C::EL];
+          LpFragAcc c;
+          #pragma unroll
+          for (int e = 0; e < C::EL; ++e) c[e] = d[e];
+          lp_frag_mma_f16(c, a[mi], b[ni]);
+          #pragma unroll
+          for (int e = 0; e < C::EL; ++e) d[e] = c[e];
         }
     }
   } else {
-    const int magic[4] = {LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC};
-    float dx[C::MF][2];
-    if (T::ACT == 2) {  // one activation scale per row for the whole k-tile
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) dx[mi][h] = t.xd[rb + mi * 16 + g + 8 * h];
-    }
+    constexpr int W = T::SB / 4;  // words per sub-block
     #pragma unroll 1
     for (int s = 0; s < NSB; ++s) {
-      // this sub-block's scales first, then each fragment's integer tile is scaled as soon as it is made
-      float sw[C::NF][2], wm[C::NF][2], xs[C::MF][2];
+      // this sub-block's weight scales and operands, then each fragment's integer tile is scaled as soon
+      // as it is made; scales per accumulator element (the compiler loads each distinct column once)
+      float sw[C::NF][C::EL], wm[C::NF][C::EL];
       #pragma unroll
       for (int ni = 0; ni < C::NF; ++ni)
         #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int col = wb + ni * 8 + 2 * tq + j;
-          sw[ni][j] = t.wsc[col * NSB + s];
-          if (T::MIN) wm[ni][j] = t.wmn[col * NSB + s];
+        for (int e = 0; e < C::EL; ++e) {
+          const int col = wb + ni * C::FN + lp_frag_col(e);
+          sw[ni][e] = t.wsc[col * NSB + s];
+          if (T::MIN) wm[ni][e] = t.wmn[col * NSB + s];
         }
+      LpFragA<W> a[C::MF];
+      LpFragB<W> b[C::NF];
       #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = rb + mi * 16 + g + 8 * h;
-          if (T::ACT != 2) dx[mi][h] = t.xd[row * 4 + s];
-          if (T::MIN) xs[mi][h] = t.xs[row * NSB + s];
-        }
-      constexpr int AW = T::SB == 32 ? 4 : 2, BW = T::SB == 32 ? 2 : 1;  // words per fragment
-      int a[C::MF][AW], b[C::NF][BW];
+      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_frag_a<W>(xt, rb + mi * 16, W * s);
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_frag_b<W>(wt, wb + ni * C::FN, W * s);
       #pragma unroll
       for (int mi = 0; mi < C::MF; ++mi) {
-        const int r0 = rb + mi * 16 + g;
-        if constexpr (T::SB == 32) {
-          a[mi][0] = lp_tile_word(t.x, r0, 8 * s + tq);
-          a[mi][1] = lp_tile_word(t.x, r0 + 8, 8 * s + tq);
-          a[mi][2] = lp_tile_word(t.x, r0, 8 * s + 4 + tq);
-          a[mi][3] = lp_tile_word(t.x, r0 + 8, 8 * s + 4 + tq);
-        } else {
-          a[mi][0] = lp_tile_word(t.x, r0, 4 * s + tq);
-          a[mi][1] = lp_tile_word(t.x, r0 + 8, 4 * s + tq);
-        }
-      }
-      #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int c0 = wb + ni * 8 + g;
-        if constexpr (T::SB == 32) {
-          b[ni][0] = lp_tile_word(t.w, c0, 8 * s + tq);
-          b[ni][1] = lp_tile_word(t.w, c0, 8 * s + 4 + tq);
-        } else {
-          b[ni][0] = lp_tile_word(t.w, c0, 4 * s + tq);
-        }
-      }
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
+        // this fragment row's activation scales
+        float dx[C::EL], xs[C::EL];
         #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) {
-          int c[4];
-          if constexpr (T::SB == 32) lp_mma_i8_k32(c, a[mi], b[ni], magic);
-          else lp_mma_i8_k16(c, a[mi], b[ni][0], magic);
-          #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float& v = acc[(mi * C::NF + ni) * 4 + e];
-            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[mi][e >> 1] * sw[ni][e & 1], v);
-            if (T::MIN) v = __builtin_fmaf(-xs[mi][e >> 1], wm[ni][e & 1], v);
-          }
-        }
-    }
-  }
-#elif defined(LP_WMMA)
-  const int li = lp_lane() & 15, hi = lp_lane() >> 4;
-  if constexpr (T::ACT == 3) {
-    #pragma unroll 1
-    for (int s = 0; s < 4; ++s) {
-      lp_v16h a[C::MF], b[C::NF];
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_tile_h16(t.x, rb + mi * 16 + li, 2 * s);
-      #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_tile_h16(t.w, wb + ni * 16 + li, 2 * s);
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
-        #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) {
-          float* d = &acc[(mi * C::NF + ni) * 8];
-          lp_v8f cv = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
-          cv = lp_wmma_f16(a[mi], b[ni], cv);
-          #pragma unroll
-          for (int e = 0; e < 8; ++e) d[e] = cv[e];
-        }
-    }
-  } else {
-    const lp_v8i magic = {LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC,
-                          LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC};
-    #pragma unroll 1
-    for (int s = 0; s < NSB; ++s) {
-      float sw[C::NF], wm[C::NF];
-      #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int col = wb + ni * 16 + li;
-        sw[ni] = t.wsc[col * NSB + s];
-        if (T::MIN) wm[ni] = t.wmn[col * NSB + s];
-      }
-      constexpr int HALVES = T::SB / 16;  // 16-value k-steps per sub-block
-      lp_v4i a[C::MF][HALVES], b[C::NF][HALVES];
-      #pragma unroll
-      for (int k16 = 0; k16 < HALVES; ++k16) {
-        const int ch = s * HALVES + k16;
-        #pragma unroll
-        for (int mi = 0; mi < C::MF; ++mi) a[mi][k16] = lp_tile_i8x16(t.x, rb + mi * 16 + li, ch);
-        #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) b[ni][k16] = lp_tile_i8x16(t.w, wb + ni * 16 + li, ch);
-      }
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) {
-        // this fragment row's activation scales (lane rows 2e + hi)
-        float dx[8], xs[8];
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int row = rb + mi * 16 + 2 * e + hi;
+        for (int e = 0; e < C::EL; ++e) {
+          const int row = rb + mi * 16 + lp_frag_row(e);
           dx[e] = T::ACT == 2 ? t.xd[row] : t.xd[row * 4 + s];
           xs[e] = T::MIN ? t.xs[row * NSB + s] : 0.0f;
         }
         #pragma unroll
         for (int ni = 0; ni < C::NF; ++ni) {
-          lp_v8i c = lp_wmma_i8(a[mi][0], b[ni][0], magic);
+          int c[C::EL];
+          lp_frag_mma_i8<W>(c, a[mi], b[ni]);
           #pragma unroll
-          for (int k16 = 1; k16 < HALVES; ++k16) c = lp_wmma_i8(a[mi][k16], b[ni][k16], c);
-          #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            float& v = acc[(mi * C::NF + ni) * 8 + e];
-            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[e] * sw[ni], v);
-            if (T::MIN) v = __builtin_fmaf(-xs[e], wm[ni], v);
+          for (int e = 0; e < C::EL; ++e) {
+            float& v = acc[(mi * C::NF + ni) * C::EL + e];
+            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[e] * sw[ni][e], v);
+            if (T::MIN) v = __builtin_fmaf(-xs[e], wm[ni][e], v);
           }
         }
         // one row of fragments at a time: the scheduler would otherwise form every fragment's scale
         // products up front (VGPR pressure on gfx11)
-        __builtin_amdgcn_sched_barrier(0);
+        lp_sched_barrier();
       }
     }
   }
 #else
-  (void)t; (void)acc; (void)rb; (void)wb;
+  (void)t; (void)acc;
   __builtin_trap();  // no matrix cores here: the family declares itself unsupported (codegen/targets.py)
 #endif
 }
@@ -659,7 +561,7 @@ __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C
 template <class C, int SPLIT, int RES>
 __device__ __forceinline__ void lp_gemm_mma_store(const LpGemmArgs& a, int seg, int coff, int r0, int w0,
                                                   const float (&acc)[C::ACC]) {
-#if defined(LP_MMA) || defined(LP_WMMA)
+#if defined(LP_FRAGMENTS)
   const int wave = lp_wave();
   const int rb = r0 + (wave % C::WR) * C::WTR, wb = w0 + (wave / C::WR) * C::WTW;
   #pragma unroll
