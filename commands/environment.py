@@ -5,7 +5,6 @@ bug report needs about the machine."""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata as metadata
 import os
 import platform
@@ -18,25 +17,14 @@ from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.build import cache_root
 from llmplan.codegen.targets import TARGETS
 from llmplan.core import gpu_runtime, tune_store
+from llmplan.core.build_id import PACKAGE_ROOT, build_id
 from llmplan.core.devices import HIP_PROPERTIES, cuda_facts, hip_facts, local_cpu, simd_level
 from llmplan.core.errors import InputError
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # where the subpackages' folders sit side by side
-SOURCES = ("*.py", "*.h", "*.cuh", "*.cu")
 # the x86 features LLM kernels use: the SIMD paths' (codegen/cpu_build.py), and the wider dot products and
 # matrix units beyond them
 FEATURES = ("avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
             "avx512_fp16", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16")
-
-
-def build_id() -> str:
-    """A hash of llmplan's source files here (every subpackage folder beside this one's): two installs
-    with one id run the same code."""
-    h = hashlib.sha256()
-    for init in sorted(PACKAGE_ROOT.glob("*/__init__.py")):
-        for path in sorted(p for pattern in SOURCES for p in init.parent.rglob(pattern)):
-            h.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()[:12]
 
 
 def _version(dist: str) -> str | None:

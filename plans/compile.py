@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import glob
-import hashlib
 import os
 import platform
 import time
@@ -17,6 +16,7 @@ import numpy as np
 from llmplan.codegen import cpu_build
 from llmplan.codegen.build import cache_root
 from llmplan.codegen.targets import target_for
+from llmplan.core.build_id import build_id
 from llmplan.core.console import Progress, plural
 from llmplan.core.devices import DeviceFacts, local_cpu
 from llmplan.core.errors import InputError
@@ -255,6 +255,9 @@ def plan_for(gguf: str, ctx: int | None = None, max_seqs: int = 1, device: Devic
     cached = cache_path(model, device, f"ctx{ctx or 'default'}.seqs{max_seqs}{kernels}")
     if not _readable(cached):
         os.makedirs(os.path.dirname(cached), exist_ok=True)
+        other_builds = glob.escape(cached.removesuffix(f"{build_id()}.plan")) + "?" * len(build_id()) + ".plan"
+        for stale in glob.glob(other_builds):
+            os.remove(stale)  # other code's plans for these limits
         t0 = time.perf_counter()
         s = compile_model(model, device, cached, ctx, DEFAULT_CHUNK, max_seqs, TuneStore.from_flag(None),
                           progress=progress)
@@ -283,16 +286,16 @@ def drop_cached_plans(model: Model) -> None:
         os.remove(path)
 
 
-def cache_path(model: Model, device: DeviceFacts, limits_key: str) -> str:
-    """Where `plan run MODEL.gguf` keeps the plan it compiled on the fly."""
-    return str(cache_root() / "plans" / f"{_cache_stem(model, device)}.{limits_key}.plan")
+def cache_path(model: Model, device: DeviceFacts, limits_key: str, build: str | None = None) -> str:
+    """Where `plan run MODEL.gguf` keeps the plan it compiled on the fly, by the llmplan code that compiled
+    it (core/build_id.py; this code's by default): a plan made by other code (another version, another
+    checkout) is compiled again, not reused."""
+    return str(cache_root() / "plans" / f"{_cache_stem(model, device)}.{limits_key}.{build or build_id()}.plan")
 
 
 def _cache_stem(model: Model, device: DeviceFacts) -> str:
-    """The model, the device and the weight layouts' versions: a plan whose layouts this runtime no longer
-    makes is compiled again, not refused."""
+    """The model and the device."""
     fp = model_fingerprint(model.file)
-    versions = "".join(f"{name}{lay.version}" for name, lay in sorted(LAYOUTS.items()))
     return (f"{os.path.basename(model.path)}.{fp['metadata_sha256'][:12]}.{fp['tensors_sha256'][:12]}."
-            f"{device.key.replace(':', '_')}.{hashlib.sha256(versions.encode()).hexdigest()[:8]}")
+            f"{device.key.replace(':', '_')}")
 

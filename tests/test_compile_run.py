@@ -17,6 +17,7 @@ import pytest
 
 from llmplan.codegen import cpu_build
 from llmplan.commands import llama_cpp
+from llmplan.core.build_id import build_id
 from llmplan.core.devices import local_cpu
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
@@ -111,6 +112,11 @@ def test_cli_run(cli, tmp_path, monkeypatch):
     assert len(list((tmp_path / "cache" / "plans").iterdir())) == 1  # compiled once, cached
     code, out, err = cli("run", TINY_SPM, "-p", "Once upon a time", "-n", "5", "--bench")
     assert code == 0 and "decode 5 tokens at" in err and len(list((tmp_path / "cache" / "plans").iterdir())) == 1
+    (mine,) = (tmp_path / "cache" / "plans").iterdir()  # one left by other llmplan code is compiled anew, replaced
+    assert mine.name.endswith(f".{build_id()}.plan")
+    mine.rename(mine.with_name(mine.name.replace(build_id(), "0" * len(build_id()))))
+    assert cli("run", TINY_SPM, "-p", "Once", "-n", "1")[0] == 0
+    assert list((tmp_path / "cache" / "plans").iterdir()) == [mine]
     seen = []
 
     def rate(model, ids, n, threads):  # llama.cpp is not a dependency: stand in for it
