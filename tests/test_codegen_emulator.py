@@ -10,7 +10,8 @@ import functools
 import numpy as np
 import pytest
 
-from llmplan.codegen.kernel import Kernel, Launch
+from llmplan.codegen.kernel import Kernel, KernelLaunch
+from llmplan.core.plan_records import I32, Buf
 
 from codegen_checks import needs_host_emulator
 from kernel_emu import Emulator
@@ -45,7 +46,7 @@ def emulator(wave: int, mode: str = "plain") -> Emulator:
 def run(wave: int, name: str, n: int = 0, mode: str = "plain", smem: int = 0) -> np.ndarray:
     e = emulator(wave, mode)
     out = np.full(64, -1, np.int32)
-    e.launch(Launch(e.kernels[name], (1,), [{"buf": 0}, {"i32": n}], smem), lambda ref: out, {})
+    e.launch(KernelLaunch(e.kernels[name], (1,), [Buf(0), I32(n)], smem), lambda ref: out, {})
     return out
 
 
