@@ -14,8 +14,12 @@ SOURCES = ("*.py", "*.h", "*.cuh", "*.cu")
 
 @functools.cache
 def build_id() -> str:
+    return source_hash(PACKAGE_ROOT)
+
+
+def source_hash(root: Path) -> str:
     h = hashlib.sha256()
-    for init in sorted(PACKAGE_ROOT.glob("*/__init__.py")):
+    for init in sorted(root.glob("*/__init__.py")):
         for path in sorted(p for pattern in SOURCES for p in init.parent.rglob(pattern)):
-            h.update(str(path.relative_to(PACKAGE_ROOT)).encode() + b"\0" + path.read_bytes())
+            h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]

@@ -9,6 +9,7 @@ import json
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.targets import TARGETS
 from llmplan.commands import environment
+from llmplan.core.build_id import source_hash
 
 from conftest import hide_cxx
 
@@ -52,15 +53,14 @@ def test_text_shows_each_section(cli):
     assert f"SIMD paths {', '.join(cpu_build.host_isas())}" in out
 
 
-def test_the_build_id_follows_the_sources(tmp_path, monkeypatch):
+def test_the_build_id_follows_the_sources(tmp_path):
     (tmp_path / "core").mkdir()
     (tmp_path / "core" / "__init__.py").write_text("")
     (tmp_path / "core" / "a.h").write_text("int a;")
     (tmp_path / "tests").mkdir()  # no __init__.py: not a subpackage
     (tmp_path / "tests" / "t.py").write_text("x = 1")
-    monkeypatch.setattr(environment, "PACKAGE_ROOT", tmp_path)
-    first = environment.build_id()
+    first = source_hash(tmp_path)
     (tmp_path / "tests" / "t.py").write_text("x = 2")
-    assert environment.build_id() == first
+    assert source_hash(tmp_path) == first
     (tmp_path / "core" / "a.h").write_text("int b;")
-    assert environment.build_id() != first
+    assert source_hash(tmp_path) != first
