@@ -158,6 +158,9 @@ class _Checker:
             if _get(s, "dtype", str, at) != "i32":
                 _fail(f"{at}.dtype", f"step state is i32, not {s['dtype']}")
             _shape(_get(s, "shape", list, at), dims, f"{at}.shape")
+            if "default" in s and not (isinstance(s["default"], int) and not isinstance(s["default"], bool)
+                                       and -2**31 <= s["default"] < 2**31):
+                _fail(f"{at}.default", f"must be an i32 value, got {s['default']!r}")
         for name in ("tokens", "pos", "seq", "pages"):
             if name not in self.state:
                 _fail(f"{where}.state", f"missing step-state input {name!r}")

@@ -175,4 +175,4 @@ def test_a_bucket_that_cannot_be_recorded_runs_directly_and_says_so_once(plans, 
     notes = [n for r in engine.records for n in r.get("notes", [])]
     assert notes == ["decode at 1 sequences runs directly: recording failed (RuntimeError: capture is not "
                      "supported here)"]
-    assert all(b.graph is None and b.steps == 0 for b in engine.executor.buckets.values())
+    assert all(b.graphs is None and b.steps == 0 for b in engine.executor.buckets.values())

@@ -1,13 +1,14 @@
-"""The fused tail (codegen/kernels/tail.cu): op `tail_argmax`, the greedy next token of each row:
-argmax(pack[format](rmsnorm[eps](x, norm)) . head^T), one int32 per row.
+"""The fused tail (codegen/kernels/tail.cu): op `tail_argmax`, the next token of each row:
+argmax(pack[format](rmsnorm[eps](x, norm)) . head^T) over the tokens the row's mask allows (the step
+state's, i32 [rows, ceil(vocab / 32)], one bit per token), one int32 per row.
 
 The head is the largest weight a decode step reads: launch 2 reads it once, as the mat-vec reads a
 weight, and keeps only one (logit, index) pair per block and row, so no logits reach memory. CPU
 twin: runtime/cpu_kernels.py tail_argmax. Three launches:
   1. lp_tail_pack_<format>: grid (rows,), THREADS threads; args x, norm, the packed scratch, rows, k, eps.
   2. lp_tail_logits_<head format>_c<C>: grid (ceil(vocab / SLICE), ceil(rows / C)), WAVES waves (as the
-     mat-vec); args the packed scratch, the head ({"weight": name, "layout": "planar"}), the pairs
-     scratch, rows, k, vocab, SLICE.
+     mat-vec); args the packed scratch, the head ({"weight": name, "layout": "planar"}), the mask, the
+     pairs scratch, rows, k, vocab, SLICE.
   3. lp_tail_argmax_reduce: grid (rows,), THREADS threads; args the pairs scratch, out, the block count
      of launch 2.
 
@@ -48,9 +49,9 @@ def pack_kernel(act: str) -> Kernel:
 def logits_kernel(fmt: str, c: int, target: Any) -> Kernel:
     name = f"lp_tail_logits_{fmt.lower()}_c{c}"
     threads = WAVES * target.wave
-    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, LpBest* part, "
-             f"int rows, int k, int vocab, int slice) "
-             f"{{ lp_tail_logits<LP_FMT_{fmt}, {c}>(x, head, part, rows, k, vocab, slice); }}")
+    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, "
+             f"const unsigned* mask, LpBest* part, int rows, int k, int vocab, int slice) "
+             f"{{ lp_tail_logits<LP_FMT_{fmt}, {c}>(x, head, mask, part, rows, k, vocab, slice); }}")
     expects = ("dot4", "load128") if fmt != "F16" else ("load128",)
     return Kernel(name, "tail_argmax", "tail.cu", entry, threads, expects)
 
@@ -64,7 +65,7 @@ def reduce_kernel() -> Kernel:
 def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
     if launch["op"] != "tail_argmax":
         raise MatvecError(f"the tail family does not implement {launch['op']}")
-    x, norm, head = launch["args"]
+    x, norm, head, mask = launch["args"]
     out = launch["outs"][0]
     a = launch["attrs"]
     fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
@@ -80,7 +81,7 @@ def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
         Launch(pack_kernel(act), (grid_dim(rows),),
                [x, norm, packed, scalar(rows), scalar(k), scalar(a["eps"], "f32")]),
         Launch(logits_kernel(fmt, c, ctx.target), (blocks, grid_dim(rows, c)),
-               [packed, {"weight": head["weight"], "layout": "planar"}, part, scalar(rows), scalar(k), scalar(vocab),
-                scalar(SLICE)]),
+               [packed, {"weight": head["weight"], "layout": "planar"}, mask, part, scalar(rows), scalar(k),
+                scalar(vocab), scalar(SLICE)]),
         Launch(reduce_kernel(), (grid_dim(rows),), [part, out, scalar(blocks)]),
     ]
