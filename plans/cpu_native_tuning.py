@@ -125,10 +125,10 @@ class NativeTasks:
         held: dict[tuple[str, str], np.ndarray] = {}  # weights in the layouts the kernels read
 
         def bind(ref: dict[str, Any]) -> np.ndarray:
-            if "state" in ref:  # the decode phases' tail writes its tokens into the tokens input
+            if "state" in ref:  # the tail's token mask (at its default: every token), the tokens it writes
                 s = phase["state"][ref["state"]]
-                return arrays.setdefault(ref["state"], np.zeros([x if isinstance(x, int) else dims[x]
-                                                                 for x in s["shape"]], np.int32))
+                return arrays.setdefault(ref["state"], np.full([x if isinstance(x, int) else dims[x]
+                                                                for x in s["shape"]], s.get("default", 0), np.int32))
             if "buf" in ref:
                 b = phase["buffers"][ref["buf"]]
                 shp = tuple(x if isinstance(x, int) else dims[x] for x in b["shape"])

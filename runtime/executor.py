@@ -340,8 +340,9 @@ class Executor:
             if self.poison and (n + 1 == len(calls) or calls[n + 1][0] != i):
                 self._check(phase, launches[i], dims, state)
 
-    def run(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> dict[str, np.ndarray]:
-        return self.queue(phase, state, want).result()
+    def run(self, phase: str, state: dict[str, np.ndarray], want: set[str],
+            late: dict[str, Callable[[], np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+        return self.queue(phase, state, want, late).result()
 
     def _traced(self, name: str, cat: str, **args):
         """A launch or replay on the trace's host and device tracks, when tracing."""
