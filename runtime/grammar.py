@@ -121,8 +121,14 @@ class Vocabulary:
     def _build(self) -> Any:
         llg = _llguidance()
         tok, v = self.tokenizer, self.tokenizer.vocab
-        special = Attr.CONTROL | Attr.UNKNOWN | Attr.USER_DEFINED
-        pieces = [b"\xff" + tok.piece(i) if int(v.attrs[i]) & special else tok.piece(i) for i in range(tok.n_tokens)]
+
+        def piece(i: int) -> bytes:  # llama.cpp's rule (llguidance/llamacpp.py): user-defined tokens are text
+            p, attr = tok.piece(i), int(v.attrs[i])  # unless they look like <control> tokens
+            special = attr & (Attr.CONTROL | Attr.UNKNOWN) or (attr & Attr.USER_DEFINED and p[:1] == b"<"
+                                                                 and p[-1:] == b">")
+            return b"\xff" + p if special else p
+
+        pieces = [piece(i) for i in range(tok.n_tokens)]
         pieces += [b""] * (self.words * 32 - len(pieces))  # the head's padding rows and the last word's bits
 
         class Source:  # what llguidance.TokenizerWrapper reads
