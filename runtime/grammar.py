@@ -46,6 +46,12 @@ class Grammar:
     param: str
 
 
+def _reason(error: str) -> str:
+    """llguidance's error without the parser state it dumps after it."""
+    lines = error.splitlines()
+    return next((line[len("Error: "):] for line in lines if line.startswith("Error: ")), lines[0] if lines else error)
+
+
 def _llguidance() -> Any:
     try:
         import llguidance
@@ -146,7 +152,7 @@ class Vocabulary:
         llg = _llguidance()
         m = llg.LLMatcher(self._get(), grammar.text, log_level=0)
         if m.is_error():
-            raise GrammarError(grammar.param, m.get_error())
+            raise GrammarError(grammar.param, _reason(m.get_error()))
         return Matcher(m, self.words)
 
 
@@ -165,13 +171,10 @@ class Matcher:
     def consume(self, token: int) -> None:
         """Advance past a generated token; RequestError if the grammar does not allow it."""
         if not self._m.consume_token(token):
-            raise RequestError(f"the grammar does not allow token {token}: {self._m.get_error()}")
+            raise RequestError(f"the grammar does not allow token {token}: {_reason(self._m.get_error())}")
 
     @property
     def finished(self) -> bool:
         """Whether the grammar is complete and allows nothing but the end."""
         return self._m.is_stopped()
 
-    @property
-    def error(self) -> str:
-        return self._m.get_error()
