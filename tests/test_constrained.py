@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 
 from conftest import TINY_BPE
@@ -109,3 +110,30 @@ def test_bad_grammars_name_what_is_wrong(make, what):
     with pytest.raises(grammar.GrammarError, match=None) as e:
         make()
     assert what in str(e.value)
+
+
+def test_late_state_is_made_after_the_launches_that_do_not_read_it(engine):
+    """The executor queues every launch before the tail, then calls make(), then the tail; a later step
+    that gives no mask finds the default (every token) back in the slot."""
+    ex = engine.executor
+    ids = engine.tokenizer.encode("Once upon a time")
+    pages = np.zeros((1, ex.phases["decode"]["dims"]["pages"]), np.int32)
+    state = {"tokens": np.array([ids[-1]], np.int32), "pos": np.array([len(ids) - 1], np.int32),
+             "seq": np.zeros(1, np.int32), "pages": pages}
+    free = int(ex.run("decode", state, {"next_token"})["next_token"][0])
+    launched: list[str] = []
+    real = ex.driver.launch
+    ex.driver.launch = lambda call: (launched.append(call.op), real(call))[1]
+    words = engine.grammars.words
+    only = (free + 1) % engine.tokenizer.n_tokens
+    mask = np.zeros((1, words), np.int32)
+    mask[0, only // 32] = 1 << (only % 32)
+    made_after: list[list[str]] = []
+    try:
+        out = ex.run("decode", state, {"next_token"},
+                     late={"mask": lambda: (made_after.append(list(launched)), mask)[1]})
+    finally:
+        ex.driver.launch = real
+    assert int(out["next_token"][0]) == only
+    assert made_after == [launched[:launched.index("tail_argmax")]] and launched[-1] == "tail_argmax"
+    assert int(ex.run("decode", state, {"next_token"})["next_token"][0]) == free  # the default is back
