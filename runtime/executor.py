@@ -294,27 +294,27 @@ class Executor:
         rows = len(state["pos"])
         dims = self.step_dims(phase, rows, len(state["pages"]))
         self.write_state(phase, state, dims)
-        calls = self.calls(phase, dims, want)
-        parts = self._parts(phase, calls, set(late))
-        bucket = None
+        graphs = None
         if self.replay and phase != "prefill":
             key = (phase, rows, dims["seqs"], tuple(sorted(want)), tuple(sorted(late)))
             bucket = self.buckets.setdefault(key, Bucket())
             bucket.visits += 1
             if bucket.visits == 2:
-                self._record(bucket, phase, dims, parts)
+                self._record(bucket, phase, dims, self._parts(phase, self.calls(phase, dims, want), set(late)))
+            if bucket.graphs is not None:
+                graphs = bucket.graphs
+                bucket.steps += 1
+        # a replayed step binds no call: its graphs hold them
+        parts = graphs or self._parts(phase, self.calls(phase, dims, want), set(late))
         for j, part in enumerate(parts):
             if j == 1:
                 for name, make in late.items():
                     self._write(phase, name, make(), dims)
-            if bucket is not None and bucket.graphs is not None:
-                if bucket.graphs[j] is not None:
-                    with self._traced(f"replay {phase} x{dims['seqs']}", "graph"):
-                        bucket.graphs[j].replay()
-            else:
+            if graphs is None:
                 self._launch(phase, part, dims, state)
-        if bucket is not None and bucket.graphs is not None:
-            bucket.steps += 1
+            elif part is not None:
+                with self._traced(f"replay {phase} x{dims['seqs']}", "graph"):
+                    part.replay()
         reads = {name: self.driver.read(self.region(phase, ref, dims))
                  for name, ref in p["outputs"].items() if name in want and "cache" not in ref}
         return PendingStep(reads, time.perf_counter() - t0)

@@ -105,23 +105,36 @@ def _checked(text: str, param: str) -> Grammar:
 class Vocabulary:
     """llguidance's view of a model's vocabulary: every token's bytes (special tokens marked, as
     llguidance wants, by a leading 0xFF), the end-of-generation tokens a finished grammar allows, and
-    mask rows of `words` int32 (the plan's: ceil(head rows / 32)). Building it walks the whole vocabulary (seconds for 262144 tokens), so
-    it is built once, on first use or ahead by prepare()."""
+    mask rows of `words` int32 (the plan's: ceil(head rows / 32)). Building it walks the whole vocabulary
+    (seconds for 262144 tokens), so it is built once, on first use or ahead by prepare()."""
 
     def __init__(self, tokenizer: Tokenizer, words: int):
         self.tokenizer = tokenizer
         self.words = words
         self._lltok: Any = None
+        self._failed = ""  # why it could not be built
         self._lock = threading.Lock()
 
     def prepare(self) -> None:
-        """Build it now, in a background thread (a server does, so its first constrained request waits less)."""
-        threading.Thread(target=self._get, name="grammar-vocabulary", daemon=True).start()
+        """Build it in a background thread (a server does when its model is ready)."""
+        threading.Thread(target=self._load_quietly, name="grammar-vocabulary", daemon=True).start()
 
-    def _get(self) -> Any:
+    def _load_quietly(self) -> None:
+        try:
+            self.load()
+        except RequestError:  # said again to each constrained request
+            pass
+
+    def load(self) -> Any:
+        """llguidance's tokenizer, built once (waiting for a build under way); RequestError if it cannot be."""
         with self._lock:
-            if self._lltok is None:
-                self._lltok = self._build()
+            if self._lltok is None and not self._failed:
+                try:
+                    self._lltok = self._build()
+                except Exception as e:  # noqa: BLE001 (whatever llguidance makes of this vocabulary)
+                    self._failed = f"{type(e).__name__}: {e}"
+            if self._failed:
+                raise RequestError(f"constrained decoding is not available for this model's vocabulary: {self._failed}")
             return self._lltok
 
     def _build(self) -> Any:
@@ -150,7 +163,7 @@ class Vocabulary:
 
     def matcher(self, grammar: Grammar) -> Matcher:
         llg = _llguidance()
-        m = llg.LLMatcher(self._get(), grammar.text, log_level=0)
+        m = llg.LLMatcher(self.load(), grammar.text, log_level=0)
         if m.is_error():
             raise GrammarError(grammar.param, _reason(m.get_error()))
         return Matcher(m, self.words)

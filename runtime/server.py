@@ -37,6 +37,7 @@ from . import tool_calls
 from .chat_page import chat_page
 from .engine import Engine
 from .engine_thread import EngineStopped, EngineThread, Stream
+from .grammar import GrammarError
 from .openai_api import ApiError, Ask, Reply, parse_chat, parse_completion
 from .requests import Event, Request, RequestError
 from .serve_metrics import CONTENT_TYPE, Metrics
@@ -203,8 +204,15 @@ class _Service:
                                param="messages" if ask.chat else "prompt", code="context_length_exceeded")
             syntax = tool_calls.syntax_of(engine.tokenizer.vocab.chat_template)
             constraint = ask.grammar
-            if ask.tools and ask.tool_choice is not None:  # required, or a named function: one valid call
-                constraint = await run_in_threadpool(tool_calls.call_grammar, ask.tools, ask.tool_choice, syntax)
+            try:
+                if ask.tools and ask.tool_choice is not None:  # required, or a named function: one valid call
+                    constraint = await run_in_threadpool(tool_calls.call_grammar, ask.tools, ask.tool_choice, syntax)
+                if constraint is not None:  # the grammars' vocabulary is ready before the engine thread needs it
+                    await run_in_threadpool(engine.grammars.load)
+            except GrammarError as e:
+                raise ApiError(400, str(e), param=e.param) from None
+            except RequestError as e:  # the vocabulary could not be built: the constraint cannot be kept
+                raise ApiError(400, str(e), param=constraint.param) from None
             await job.submit(Request(ids, ask.max_tokens or ctx, ask.params, ask.stop, logprobs=ask.logprobs,
                                      grammar=constraint), "messages" if ask.chat else "prompt")
             reply = Reply(ask, self.name, engine.tokenizer.piece, syntax)
