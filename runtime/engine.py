@@ -53,7 +53,7 @@ from .kv_blocks import BlockPool
 from .requests import Event, Request, RequestError, Result, SamplingParams, StopText
 from .sampler import Sampler, token_logprobs
 from .scheduler import Scheduler, Sequence, Step
-from .trace import Trace, span
+from .trace import MASKS, Trace, span
 
 RECORDS_KEPT = 10_000
 PLACEHOLDER = -1  # a sequence's last token while it is still on the device (pipelined decode)
@@ -105,7 +105,8 @@ class Engine:
         self._steps = 0
         self._notes = 0  # executor notes already put in a record
         mask = body["phases"]["decode"]["state"].get("mask")
-        self.grammars = Vocabulary(self.tokenizer, mask["shape"][1] if mask else mask_words(body["config"]["vocab_size"]))
+        words = mask["shape"][1] if mask else mask_words(body["config"]["vocab_size"])
+        self.grammars = Vocabulary(self.tokenizer, words)
         # whether the fused tail takes masks (a plan whose tail was not fused picks constrained tokens on the host)
         self._masked_tail = mask is not None
         self._masker: ThreadPoolExecutor | None = None  # computes a step's masks beside its launches
@@ -328,7 +329,10 @@ class Engine:
             if run is not None and run.matcher is not None and s.id in self._seqs:
                 run.matcher.fill(out[j])
                 run.mask = out[j]
-        self._mask_s += time.perf_counter() - t0
+        t1 = time.perf_counter()
+        self._mask_s += t1 - t0
+        if self.trace is not None:
+            self.trace.complete("masks", "masks", t0, t1, MASKS, rows=len(rows))
         return out
 
     def _late_masks(self, rows: list[Sequence | None]) -> dict[str, Any] | None:

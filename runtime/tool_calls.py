@@ -58,8 +58,8 @@ def syntax_of(template: str | None) -> str | None:
 
 def _calls_text(calls: list[dict[str, Any]]) -> str:
     """An assistant turn's tool calls in the hermes syntax (the generic prompt's)."""
-    return "\n".join(f"{HERMES_OPEN}\n{json.dumps({'name': c['function']['name'], 'arguments': c['function']['arguments']})}"
-                     f"\n{HERMES_CLOSE}" for c in calls)
+    bodies = (json.dumps({"name": c["function"]["name"], "arguments": c["function"]["arguments"]}) for c in calls)
+    return "\n".join(f"{HERMES_OPEN}\n{body}\n{HERMES_CLOSE}" for body in bodies)
 
 
 def generic_prompt(tools: list[Tool], choice: str | None) -> str:

@@ -19,6 +19,7 @@ from llmplan.plans.devices import local_cpu
 from llmplan.runtime import grammar
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, SamplingParams
+from llmplan.runtime.trace import MASKS, Trace
 
 SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}, "size": {"enum": ["small", "large"]},
                                            "n": {"type": "integer", "minimum": 0, "maximum": 99}},
@@ -137,3 +138,14 @@ def test_late_state_is_made_after_the_launches_that_do_not_read_it(engine):
     assert int(out["next_token"][0]) == only
     assert made_after == [launched[:launched.index("tail_argmax")]] and launched[-1] == "tail_argmax"
     assert int(ex.run("decode", state, {"next_token"})["next_token"][0]) == free  # the default is back
+
+
+def test_a_trace_shows_each_steps_masks(plan, tmp_path):
+    trace = Trace()
+    engine = Engine.load(plan, trace=trace)
+    (r,) = engine.run([Request("Once", **_json())])
+    trace.write(str(tmp_path / "t.json"))
+    masks = [e for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+             if e["tid"] == MASKS and e["ph"] == "X"]
+    assert len(masks) == len(r.ids) and r.finish_reason == "stop"  # each token was chosen under its step's mask
+    assert all(e["name"] == "masks" and e["args"]["rows"] == 1 for e in masks)
