@@ -126,3 +126,23 @@ def test_a_required_calls_grammar_takes_valid_calls_only(vocab, syntax):
     assert not takes(required, text("get_weather", {"city": "Oslo"}))  # a required argument missing
     assert not takes(required, text("get_date", {}))
     assert takes(named, text("get_time", {})) and not takes(named, text("get_weather", {"city": "x", "unit": "c"}))
+
+
+def test_a_reply_turns_calls_into_openais_tool_calls():
+    from llmplan.runtime.openai_api import Reply, parse_chat
+
+    ask = parse_chat({"messages": [{"role": "user", "content": "Weather?"}], "tools": [WEATHER.as_openai()]})
+    assert ask.tool_choice is None and [t.name for t in ask.tools] == ["get_weather"]
+    text = 'Sure. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "unit": "c"}}\n</tool_call>'
+    whole = Reply(ask, "m", lambda t: b"").whole(text, [], "stop", [1], [2])["choices"][0]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] == "Sure. "
+    (call,) = whole["message"]["tool_calls"]
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert json.loads(call["function"]["arguments"]) == {"city": "Oslo", "unit": "c"}
+    reply = Reply(ask, "m", lambda t: b"")
+    chunks = [reply.chunk(text[i:i + 5], [], None) for i in range(0, len(text), 5)] + [reply.chunk("", [], "stop")]
+    sent = [c["choices"][0] for c in chunks if c is not None]
+    assert "".join(c["delta"].get("content", "") for c in sent) == "Sure. "
+    deltas = [d for c in sent for d in c["delta"].get("tool_calls", [])]
+    assert [(d["index"], d["function"]["name"]) for d in deltas] == [(0, "get_weather")]
+    assert sent[-1]["finish_reason"] == "tool_calls" and None in chunks  # held text sends no empty chunk
