@@ -65,17 +65,16 @@ def test_json_schema_answers_validate(client, temperature):
 
 
 def test_json_object_answers_are_objects(client):
-    r = client.completions.create(model="gemma", prompt="A JSON object describing a red car:", max_tokens=60,
-                                  temperature=0, extra_body={"response_format": {"type": "json_object"}})
-    if r.choices[0].finish_reason == "stop":
+    for prompt in ('{"color": "red", "wheels": 4} is a JSON object. Another JSON object:',
+                   'Write {"ok": true} and nothing else.'):
+        r = client.completions.create(model="gemma", prompt=prompt, max_tokens=40, temperature=0,
+                                      extra_body={"response_format": {"type": "json_object"}})
+        assert r.choices[0].finish_reason == "stop"
         assert isinstance(json.loads(r.choices[0].text), dict)
-    else:  # cut at max_tokens: still an object being written
-        assert r.choices[0].finish_reason == "length" and r.choices[0].text.startswith("{")
     r = client.chat.completions.create(model="gemma", messages=[{"role": "user", "content": "Reply in JSON: hi"}],
-                                       max_tokens=60, temperature=0.7, seed=1, response_format={"type": "json_object"})
-    assert r.choices[0].finish_reason in ("stop", "length")
-    if r.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(r.choices[0].message.content), dict)
+                                       max_tokens=40, temperature=0, response_format={"type": "json_object"})
+    assert r.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -116,14 +115,14 @@ def test_a_conversation_carries_calls_and_results(client):
 def test_a_grammar_that_cannot_finish_ends_at_max_tokens(client):
     r = client.completions.create(model="gemma", prompt="Say", max_tokens=8, temperature=0,
                                   extra_body={"grammar": 'root ::= "la"{100} "!"'})  # 201 bytes: past 8 tokens
-    assert r.choices[0].finish_reason == "length" and r.choices[0].text == "la" * (len(r.choices[0].text) // 2)
+    assert r.choices[0].finish_reason == "length" and ("la" * 100).startswith(r.choices[0].text)
 
 
 def test_a_mixed_batch_gives_each_request_what_it_gets_alone(client, served_gemma):
-    asks = [_person(temperature=0), dict(model="gemma", messages=ASK, max_tokens=24, temperature=0),
+    asks = [_person(temperature=0), dict(model="gemma", messages=ASK, max_tokens=16, temperature=0),
             dict(model="gemma", messages=[{"role": "user", "content": "Weather in Rome?"}], max_tokens=60,
                  temperature=0, tools=[WEATHER], tool_choice="required"),
-            dict(model="gemma", messages=[{"role": "user", "content": "Name a color."}], max_tokens=24, temperature=0)]
+            dict(model="gemma", messages=[{"role": "user", "content": "Name a color."}], max_tokens=16, temperature=0)]
 
     def answer(kw):
         m = client.chat.completions.create(**kw).choices[0].message
