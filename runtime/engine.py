@@ -110,7 +110,7 @@ class Engine:
         # whether the fused tail takes masks (a plan whose tail was not fused picks constrained tokens on the host)
         self._masked_tail = mask is not None
         self._masker: ThreadPoolExecutor | None = None  # computes a step's masks beside its launches
-        self._mask_s = 0.0  # this step's host seconds computing masks
+        self._mask_s, self._masked = 0.0, 0  # this step's host seconds computing masks, and rows masked
 
     @classmethod
     def load(cls, plan: str | os.PathLike, device: str | None = None, model_path: str | None = None,
@@ -293,9 +293,8 @@ class Engine:
                   "decode_rows": len(plan.decode), "free_blocks": self.pool.free_blocks,
                   "pipelined": self._queued is not None,
                   "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6),
-                  "masked_rows": sum(1 for s in plan.decode if s.state.matcher is not None),
-                  "mask_s": round(self._mask_s, 6)}
-        self._mask_s = 0.0
+                  "masked_rows": self._masked, "mask_s": round(self._mask_s, 6)}
+        self._mask_s, self._masked = 0.0, 0
         if len(self.executor.notes) > self._notes:  # said once: e.g. a decode bucket that runs directly
             record["notes"] = self.executor.notes[self._notes:]
             self._notes = len(self.executor.notes)
@@ -329,6 +328,7 @@ class Engine:
             if run is not None and run.matcher is not None and s.id in self._seqs:
                 run.matcher.fill(out[j])
                 run.mask = out[j]
+                self._masked += 1
         t1 = time.perf_counter()
         self._mask_s += t1 - t0
         if self.trace is not None:
@@ -337,8 +337,12 @@ class Engine:
 
     def _late_masks(self, rows: list[Sequence | None]) -> dict[str, Any] | None:
         """The step's masks as late state, computed on a worker thread while the step's first launches
-        run (None when no row is constrained)."""
+        run (None when no row is constrained; a plan whose tail takes no mask has them made now, for
+        the sampler)."""
         if not any(s is not None and s.state.matcher is not None for s in rows):
+            return None
+        if not self._masked_tail:
+            self._masks(rows)
             return None
         if self._masker is None:
             self._masker = ThreadPoolExecutor(1, thread_name_prefix="masks")

@@ -62,6 +62,15 @@ def test_device_mask_picks_what_the_host_mask_picks(engine):
     assert all(r.finish_reason == "stop" for r in device)
 
 
+def test_a_plan_whose_tail_takes_no_mask_picks_on_the_host(plan, engine):
+    """As for a plan whose tail the passes could not fuse: every constrained token from the logits row."""
+    unfused = Engine.load(plan)
+    unfused._masked_tail = False
+    got = unfused.run([Request(p, **_json()) for p in PROMPTS])
+    assert [r.ids for r in got] == [r.ids for r in engine.run([Request(p, **_json()) for p in PROMPTS])]
+    assert sum(r["masked_rows"] for r in unfused.records) == sum(len(r.ids) for r in got)
+
+
 @pytest.mark.parametrize("pipelined", [False, True])
 def test_a_mixed_batch_gives_each_request_what_it_gets_alone(plan, pipelined):
     def mixed():
