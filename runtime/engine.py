@@ -490,14 +490,14 @@ class Engine:
         """Move a constrained sequence's grammar past its token; False (the request ended in error) if
         its mask allowed no token or the grammar refuses this one."""
         run = seq.state
-        why = "its grammar allows no token here" if token == NO_TOKEN else ""
+        why = f"{run.matcher.param}: allows no token here" if token == NO_TOKEN else ""
         if not why:
             try:
                 run.matcher.consume(token)
             except RequestError as e:
                 why = str(e)
         if why:
-            run.result.error = why
+            run.result.error, run.result.error_param = why, run.matcher.param
             self._finish(seq, "error")
         return not why
 

@@ -166,14 +166,14 @@ class Vocabulary:
         m = llg.LLMatcher(self.load(), grammar.text, log_level=0)
         if m.is_error():
             raise GrammarError(grammar.param, _reason(m.get_error()))
-        return Matcher(m, self.words)
+        return Matcher(m, self.words, grammar.param)
 
 
 class Matcher:
     """One request's place in its grammar."""
 
-    def __init__(self, m: Any, words: int):
-        self._m, self.words = m, words
+    def __init__(self, m: Any, words: int, param: str):
+        self._m, self.words, self.param = m, words, param
 
     def fill(self, row: np.ndarray) -> None:
         """Write the mask of the tokens the grammar allows next into `row` (int32 [words], contiguous)."""
@@ -182,9 +182,10 @@ class Matcher:
         self._m.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
 
     def consume(self, token: int) -> None:
-        """Advance past a generated token; RequestError if the grammar does not allow it."""
+        """Advance past a generated token; GrammarError if the grammar cannot go on (it does not allow
+        the token, or it hit one of llguidance's limits)."""
         if not self._m.consume_token(token):
-            raise RequestError(f"the grammar does not allow token {token}: {_reason(self._m.get_error())}")
+            raise GrammarError(self.param, f"cannot continue after token {token}: {_reason(self._m.get_error())}")
 
     @property
     def finished(self) -> bool:

@@ -103,6 +103,7 @@ class Result:
     text: str = ""
     finish_reason: str = ""  # stop, length, cancelled, error (a grammar ending counts as stop)
     error: str = ""
+    error_param: str | None = None  # the request field the error is about, where it is one (a grammar)
     prompt_logits: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -224,7 +224,8 @@ class _Service:
                 return Response(status_code=499)  # nobody reads it: the client has gone
             end = events[-1]
             if end.finish_reason == "error":
-                raise ApiError(400, end.result.error, param="messages" if ask.chat else "prompt")
+                param = end.result.error_param or ("messages" if ask.chat else "prompt")
+                raise ApiError(400, end.result.error, param=param)
             return JSONResponse(reply.whole(end.result.text, events, end.finish_reason, end.result.prompt_ids,
                                             end.result.ids))
         finally:
@@ -287,7 +288,7 @@ async def _chunks(job: _Job, reply: Reply) -> AsyncIterator[bytes]:
         async for batch in job.events():
             end = batch[-1] if batch[-1].finish_reason else None
             if end is not None and end.finish_reason == "error":
-                yield _sse(ApiError(400, end.result.error).body())
+                yield _sse(ApiError(400, end.result.error, param=end.result.error_param).body())
                 break
             text = "".join(e.text for e in batch)
             tokens = any(e.token is not None for e in batch)
