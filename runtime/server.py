@@ -37,7 +37,7 @@ from . import tool_calls
 from .chat_page import chat_page
 from .engine import Engine
 from .engine_thread import EngineStopped, EngineThread, Stream
-from .grammar import GrammarError
+from .grammar import Grammar, GrammarError
 from .openai_api import ApiError, Ask, Reply, parse_chat, parse_completion
 from .requests import Event, Request, RequestError
 from .serve_metrics import CONTENT_TYPE, Metrics
@@ -188,6 +188,22 @@ class _Service:
             return await self._encode(engine.tokenizer.encode, ask.prompt, add_special=True, parse_special=True)
         return ask.prompt
 
+    async def _constraint(self, engine: Engine, ask: Ask, syntax: str | None) -> Grammar | None:
+        """The grammar the answer must match: response_format's or grammar's, or a required tool call's
+        (`syntax`: the model's call syntax); the grammars' vocabulary is ready before the engine thread
+        needs it."""
+        constraint = ask.grammar
+        try:
+            if ask.tools and ask.tool_choice is not None:  # required, or a named function: one valid call
+                constraint = await run_in_threadpool(tool_calls.call_grammar, ask.tools, ask.tool_choice, syntax)
+            if constraint is not None:
+                await run_in_threadpool(engine.grammars.load)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        except RequestError as e:  # the vocabulary could not be built: the constraint cannot be kept
+            raise ApiError(400, str(e), param=constraint.param) from None
+        return constraint
+
     async def _generate(self, http: HttpRequest, engine: Engine, ask: Ask) -> Response:
         if self.in_flight >= engine.scheduler.max_seqs + self.queue:
             self.metrics.rejected.inc()
@@ -203,16 +219,7 @@ class _Service:
                                     f"(prompt and completion): shorten the prompt",
                                param="messages" if ask.chat else "prompt", code="context_length_exceeded")
             syntax = tool_calls.syntax_of(engine.tokenizer.vocab.chat_template)
-            constraint = ask.grammar
-            try:
-                if ask.tools and ask.tool_choice is not None:  # required, or a named function: one valid call
-                    constraint = await run_in_threadpool(tool_calls.call_grammar, ask.tools, ask.tool_choice, syntax)
-                if constraint is not None:  # the grammars' vocabulary is ready before the engine thread needs it
-                    await run_in_threadpool(engine.grammars.load)
-            except GrammarError as e:
-                raise ApiError(400, str(e), param=e.param) from None
-            except RequestError as e:  # the vocabulary could not be built: the constraint cannot be kept
-                raise ApiError(400, str(e), param=constraint.param) from None
+            constraint = await self._constraint(engine, ask, syntax)
             await job.submit(Request(ids, ask.max_tokens or ctx, ask.params, ask.stop, logprobs=ask.logprobs,
                                      grammar=constraint), "messages" if ask.chat else "prompt")
             reply = Reply(ask, self.name, engine.tokenizer.piece, syntax)
