@@ -162,7 +162,7 @@ def _tool_calls(v: Any, where: str) -> list[dict[str, Any]]:
             raise _bad(at, 'must be {"id", "type": "function", "function": {"name", "arguments"}}')
         try:
             args = json.loads(f.get("arguments") or "{}")
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, RecursionError):
             raise _bad(f"{at}.function.arguments", "must be a JSON object as text") from None
         if not isinstance(args, dict):
             raise _bad(f"{at}.function.arguments", "must be a JSON object as text")

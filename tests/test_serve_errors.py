@@ -105,6 +105,9 @@ CASES = [
         {"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
                                                                           "function": {"name": "g"}}}, 400,
      "invalid_request_error", "tool_choice.function.name"),
+    ("tool call arguments that are not JSON", "POST", CHAT, {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 100000}}]}]}, 400,
+     "invalid_request_error", "messages[0].tool_calls[0].function.arguments"),
     ("a user message with tool calls", "POST", CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": [
         {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
      "invalid_request_error", "messages[0].tool_calls"),
