@@ -256,6 +256,7 @@ def reduce_partials(part: np.ndarray) -> np.ndarray:
 # (llguidance's and xgrammar's layout): 1 allows token t. The fused tail's argmax skips what it forbids.
 
 NO_TOKEN = 0x7FFFFFFF  # the argmax of a row whose mask allows nothing (common.cuh lp_no_best's index)
+EVERY_TOKEN = -1  # a mask word that allows all 32 of its tokens: a free row's, and the mask input's default
 
 
 def mask_words(vocab: int) -> int:

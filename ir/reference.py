@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.numerics import EVERY_TOKEN, PAGE, pages_for
 
 from .graph import Graph
 from .interpret import Interpreter, WeightFn
@@ -24,7 +24,7 @@ class ReferenceDecoder:
         self.ctx, self.n_past = ctx, 0
         # a fused graph's tail takes token masks (one sequence: one row): every token allowed, as the
         # unfused graph's argmax
-        self._masks = {id(g): np.full((1, m.types[0].shape[1]), -1, np.int32) for g in (prefill, decode)
+        self._masks = {id(g): np.full((1, m.types[0].shape[1]), EVERY_TOKEN, np.int32) for g in (prefill, decode)
                        for m in g.inputs if m.name == "mask"}
 
     def _mask(self, g: Graph) -> dict[str, np.ndarray]:

@@ -41,7 +41,7 @@ import numpy as np
 
 from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
-from llmplan.core.numerics import NO_TOKEN, PAGE, allowed, mask_words, pages_for
+from llmplan.core.numerics import EVERY_TOKEN, NO_TOKEN, PAGE, allowed, mask_words, pages_for
 from llmplan.core.plan_records import PlanBody, PlanHeader
 from llmplan.core.planfile import read_header, read_plan, recompile_hint
 from llmplan.models.gguf import GGUFFile, is_gguf
@@ -323,7 +323,7 @@ class Engine:
     def _masks(self, rows: list[Sequence | None]) -> np.ndarray:
         """The mask of every row of a step's tail: a constrained sequence's grammar's, else every token."""
         t0 = time.perf_counter()
-        out = np.full((len(rows), self.grammars.words), -1, np.int32)
+        out = np.full((len(rows), self.grammars.words), EVERY_TOKEN, np.int32)
         for j, s in enumerate(rows):
             run = s.state if s is not None else None
             if run is not None and run.matcher is not None and s.id in self._seqs:
