@@ -140,11 +140,13 @@ def projection(launch: Launch, ctx: Context, formats, multiple=None) -> Projecti
 
 @dataclass(frozen=True)
 class Tail:
-    """tail_argmax: argmax(pack[act](rmsnorm[eps](x, norm)) . head^T), one int32 per row."""
+    """tail_argmax: argmax(pack[act](rmsnorm[eps](x, norm)) . head^T) over the tokens each row's mask
+    allows, one int32 per row. The kernel that reads the head takes the mask after it (TAIL_MASK)."""
 
     x: Buf
     norm: Weight
     head: Weight
+    mask: State  # i32 [rows, ceil(vocab / 32)]: bit t % 32 of word t / 32 allows token t (core/numerics.py)
     fmt: str  # the head's
     act: str  # the activation format the head takes
     out: Buf
@@ -154,15 +156,18 @@ class Tail:
     eps: float
 
 
+TAIL_MASK: Param = ("const unsigned*", "mask")  # the tail's mask parameter, on every backend
+
+
 def tail(launch: Launch, ctx: Context, formats, multiple=None) -> Tail:
     """The head in one of `formats` (row multiples as weight() says)."""
     _op(launch, "tail")
-    x, norm, head = launch.args
+    x, norm, head, mask = launch.args
     fmt, vocab, k = weight(ctx, head, formats, "tail_argmax", multiple)
     act = ACTIVATION_FORMAT[fmt.lower()]
     _fail(launch.attrs["format"] == act,
           f"tail_argmax: a {fmt} head takes {act} activations, the op packs {launch.attrs['format']}")
-    return Tail(x, norm, head, fmt, act, launch.outs[0], ctx.shape(x)[0], k, vocab, launch.attrs["eps"])
+    return Tail(x, norm, head, mask, fmt, act, launch.outs[0], ctx.shape(x)[0], k, vocab, launch.attrs["eps"])
 
 
 # --- embedding, norms, the gated product -------------------------------------------------------------

@@ -249,3 +249,33 @@ def reduce_partials(part: np.ndarray) -> np.ndarray:
     """Split-context attention's result [rows, heads * d] from its partials."""
     d = part.shape[3] - 2
     return combine(part[..., :d], part[..., d], part[..., d + 1]).reshape(part.shape[0], -1).astype(np.float32)
+
+
+# --- token masks -----------------------------------------------------------------------------------
+# A row's token mask is one bit per vocabulary entry, 32 to an int32 word, bit t % 32 of word t // 32
+# (llguidance's and xgrammar's layout): 1 allows token t. The fused tail's argmax skips what it forbids.
+
+NO_TOKEN = 0x7FFFFFFF  # the argmax of a row whose mask allows nothing (common.cuh lp_no_best's index)
+EVERY_TOKEN = -1  # a mask word that allows all 32 of its tokens: a free row's, and the mask input's default
+
+
+def mask_words(vocab: int) -> int:
+    return -(-vocab // 32)
+
+
+def allowed(mask: np.ndarray, vocab: int) -> np.ndarray:
+    """The bool [rows, vocab] a mask [rows, mask_words(vocab)] stands for."""
+    bits = np.unpackbits(np.ascontiguousarray(mask, np.int32).view(np.uint8), axis=-1, bitorder="little")
+    return bits[..., :vocab].astype(bool)
+
+
+def masked_argmax(logits: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """np.argmax of each row over the tokens its mask allows (np.argmax's order: a NaN first, then the
+    largest, the lowest index on ties); NO_TOKEN for a row that allows none."""
+    ok = allowed(mask, logits.shape[-1])
+    out = np.full(logits.shape[0], NO_TOKEN, np.int32)
+    for r in range(logits.shape[0]):
+        ids = np.flatnonzero(ok[r])
+        if ids.size:
+            out[r] = ids[np.argmax(logits[r, ids])]
+    return out

@@ -128,6 +128,7 @@ class StateInput:
     dtype: str
     shape: tuple[Dim, ...]
     fed_by: str = ""  # the output a decode step writes into it for the next (next_token)
+    default: int | None = None  # what its slot holds when a step gives none (the tail's mask: -1, all allowed)
 
 
 @dataclass(slots=True)

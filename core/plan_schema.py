@@ -128,6 +128,8 @@ class _Checker:
             if s.dtype != "i32":
                 _fail(f"{at}.dtype", f"step state is i32, not {s.dtype}")
             _shape(s.shape, p.dims, f"{at}.shape")
+            if s.default is not None and not -2**31 <= s.default < 2**31:
+                _fail(f"{at}.default", f"{s.default} is not an i32 value")
         for name in ("tokens", "pos", "seq", "pages"):
             if name not in p.state:
                 _fail(f"{where}.state", f"missing step-state input {name!r}")

@@ -21,7 +21,8 @@ from .plan_records import PlanBody, PlanHeader, SchemaError, record_from_wire, t
 from .plan_schema import check_body
 
 MAGIC = b"LLMPLAN\0"
-FORMAT_VERSION = 3  # 2: self-describing bodies (step state, cache, kernel parameters, weight layouts); 3: the cpu section
+FORMAT_VERSION = 4  # 2: self-describing bodies (step state, cache, kernel parameters, weight layouts); 3: the cpu
+# section; 4: the fused tail's token mask (a step-state input with a default)
 MAX_HEADER_BYTES = 1 << 20
 MAX_BODY_BYTES = 1 << 31
 _DIGEST = 32

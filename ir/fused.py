@@ -5,7 +5,9 @@ composition's, so the checks live in one place (ir/ops.py).
 
 from __future__ import annotations
 
-from .ops import _dtype, _need, _rank, infer, op
+from llmplan.core.numerics import mask_words
+
+from .ops import _dtype, _need, _rank, _same, infer, op
 from .types import Type
 
 
@@ -106,10 +108,17 @@ def matmul_residual(ts, a):
     return _prim("add", [ts[2], y])
 
 
-@op("x norm head", eps="float", format="str")
+@op("x norm head mask", eps="float", format="str")
 def tail_argmax(ts, a):
-    """argmax over the vocabulary of matmul(rmsnorm_pack[eps, format](x, norm), head): the greedy next
-    token of each row, one int32 per sequence instead of a row of logits."""
+    """argmax over the vocabulary of matmul(rmsnorm_pack[eps, format](x, norm), head), among the tokens
+    each row's mask allows (core/numerics.py masked_argmax: i32 [rows, ceil(vocab / 32)], one bit per
+    token): the next token of each row, greedy or constrained, one int32 per sequence instead of a row
+    of logits."""
     packed = rmsnorm_pack(ts[:2], a)
     (logits,) = _prim("matmul", [*packed, ts[2]])
+    mask = ts[3]
+    _dtype(mask, "i32", what="tail_argmax mask")
+    _rank(mask, 2, "tail_argmax mask")
+    _same(mask.shape[0], logits.shape[0], "tail_argmax mask rows")
+    _same(mask.shape[1], mask_words(logits.shape[1]), "tail_argmax mask words")
     return (Type("i32", (logits.shape[0],)),)

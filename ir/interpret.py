@@ -83,7 +83,7 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "attention_reduce_pack": lambda a, p: _pack(a, num.reduce_partials(p)),
     "glu_pack": lambda a, g, u: _pack(a, num.ACTIVATIONS[a["act"]](g) * u),
     "matmul_residual": lambda a, x, w, r: r + num.matmul(x, w),
-    "tail_argmax": lambda a, x, n, w: np.argmax(num.matmul(_pack(a, _rmsnorm(a, x, n)), w), axis=-1).astype(np.int32),
+    "tail_argmax": lambda a, x, n, w, m: num.masked_argmax(num.matmul(_pack(a, _rmsnorm(a, x, n)), w), m),
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.numerics import EVERY_TOKEN, PAGE, pages_for
 
 from .graph import Graph
 from .interpret import Interpreter, WeightFn
@@ -22,6 +22,13 @@ class ReferenceDecoder:
         self.cache = np.zeros((t.shape[0], 2, blocks, PAGE, t.shape[4]), np.float16)
         self.pages = np.arange(blocks, dtype=np.int32)[None, :]
         self.ctx, self.n_past = ctx, 0
+        # a fused graph's tail takes token masks (one sequence: one row): every token allowed, as the
+        # unfused graph's argmax
+        self._masks = {id(g): np.full((1, m.types[0].shape[1]), EVERY_TOKEN, np.int32) for g in (prefill, decode)
+                       for m in g.inputs if m.name == "mask"}
+
+    def _mask(self, g: Graph) -> dict[str, np.ndarray]:
+        return {"mask": self._masks[id(g)]} if id(g) in self._masks else {}
 
     def _positions(self, n: int) -> np.ndarray:
         if self.n_past + n > self.ctx:
@@ -35,13 +42,15 @@ class ReferenceDecoder:
         n = len(ids)
         out = self._prefill.run({"tokens": np.asarray(ids, np.int32), "pos": self._positions(n),
                                  "seq": np.zeros(n, np.int32), "pages": self.pages,
-                                 "last": np.array([n - 1], np.int32), "cache": self.cache})
+                                 "last": np.array([n - 1], np.int32), "cache": self.cache}
+                                | self._mask(self._prefill.graph))
         self.cache = out["cache"]
         return out["logits"][0]
 
     def step(self, token: int) -> np.ndarray:
         out = self._decode.run({"tokens": np.array([token], np.int32), "pos": self._positions(1),
-                                "seq": np.zeros(1, np.int32), "pages": self.pages, "cache": self.cache})
+                                "seq": np.zeros(1, np.int32), "pages": self.pages, "cache": self.cache}
+                               | self._mask(self._decode.graph))
         self.cache = out["cache"]
         return out["logits"][0]
 

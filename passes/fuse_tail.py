@@ -3,15 +3,20 @@ sequence back from the device instead of a row of logits.
 
     %p = rmsnorm_pack[eps, format] %x, @output_norm.weight
     %l = matmul %p, @output.weight        (-> the graph's logits, possibly through softcap)
- => also %t = tail_argmax[eps, format] %x, @output_norm.weight, @output.weight   (output next_token)
+ => also %t = tail_argmax[eps, format] %x, @output_norm.weight, @output.weight, %mask   (output next_token)
 
-The logits path stays: sampling needs the whole row. Softcapping is monotonic, so it does not change
-the argmax and is left out of the fused op.
+The argmax is over the tokens a new graph input, `mask` (i32 [rows, ceil(vocab / 32)], one bit per
+token), allows: a constrained request (a JSON schema, a grammar) gets its next token from the device
+like a greedy one, and a free row's mask allows everything. The logits path stays: sampling needs
+the whole row. Softcapping is monotonic, so it does not change the argmax and is left out of the
+fused op.
 """
 
 from __future__ import annotations
 
+from llmplan.core.numerics import mask_words
 from llmplan.ir.graph import Graph
+from llmplan.ir.types import Type
 
 from .rewrite import Rewriter
 
@@ -27,6 +32,8 @@ def run(g: Graph) -> tuple[Graph, list[str]]:
     if norm is None or norm.op != "rmsnorm_pack":
         rw.decline("the tail", "the logits do not come from a packed final norm and a projection")
         return rw.finish(), rw.declines
-    tail = rw.emit("tail_argmax", [*norm.operands, logits.operands[1]], logits, **norm.attr)
+    rows, vocab = rw.type_of(logits.out).shape
+    mask = rw.input("mask", Type("i32", (rows, mask_words(vocab))), logits)
+    tail = rw.emit("tail_argmax", [*norm.operands, logits.operands[1], mask.out], logits, **norm.attr)
     rw.add_output("next_token", tail.out)
     return rw.finish(), rw.declines

@@ -14,6 +14,7 @@ from typing import Any
 
 from llmplan.ir.graph import Graph, Node, Value, make_node
 from llmplan.ir.ops import infer
+from llmplan.ir.types import Type
 
 
 class RewriteError(Exception):
@@ -78,6 +79,14 @@ class Rewriter:
         """A new node, typed by its op's schema, placed where `at` was."""
         types = infer(op, [self.type_of(o) for o in operands], attrs)
         node = make_node(self._next, op, operands, attrs, types)
+        self._key[node.id] = self._key[at.id] + 1e-6 * (len(self._new) + 1) / (1 + len(self._key))
+        self._next += 1
+        self._new[node.id] = node
+        return node
+
+    def input(self, name: str, t: Type, at: Node) -> Node:
+        """A new graph input (a value the caller binds each run), placed where `at` was."""
+        node = make_node(self._next, "input", [], {"name": name}, (t,))
         self._key[node.id] = self._key[at.id] + 1e-6 * (len(self._new) + 1) / (1 + len(self._key))
         self._next += 1
         self._new[node.id] = node

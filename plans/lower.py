@@ -10,10 +10,11 @@ chunk the whole tail.
 
 The phase describes its step state (each input's dtype and shape), and in the decode phases the fused
 tail writes its greedy tokens into the `tokens` input itself ("fed_by"): the next step's embedding
-reads them where they are, so the host can queue step n+1 before it has read token n. Every launch
-carries the kernel calls a backend makes for it ("kernels"): here one call of the family's NumPy twin on
-the CPU backend, which plans/cpu_native.py replaces with the compiled CPU kernels where the compiler is;
-on GPU targets the codegen stage fills them in (plans/select.py).
+reads them where they are, so the host can queue step n+1 before it has read token n. An input a
+step may leave out has a `default`, the value its slot then holds (the fused tail's token mask: every
+token allowed). Every launch carries the kernel calls a backend makes for it ("kernels"): here one
+call of the family's NumPy twin on the CPU backend, which plans/cpu_native.py replaces with the compiled
+CPU kernels where the compiler is; on GPU targets the codegen stage fills them in (plans/select.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import dataclasses
 import networkx as nx
 
 from llmplan.core.devices import DeviceFacts
+from llmplan.core.numerics import EVERY_TOKEN
 from llmplan.core.op_traits import TRAITS
 from llmplan.core.plan_records import (
     Buf,
@@ -43,6 +45,7 @@ from llmplan.ir.types import Type
 from .buffers import Interval, place, type_bytes
 
 PER_STEP_DIMS = ("rows", "seqs")  # bound each step by the step state; every other symbol is fixed at its bound
+STATE_DEFAULTS = {"mask": EVERY_TOKEN}  # step-state inputs a step may leave out -> what every element then holds
 
 
 class CatalogError(Exception):
@@ -70,7 +73,8 @@ def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> Phase:
         if n.op == "input":
             ref[n.out] = Cache() if n.name == "cache" else State(n.name)
             if n.name != "cache":
-                state[n.name] = StateInput(n.types[0].dtype, tuple(n.types[0].shape))
+                state[n.name] = StateInput(n.types[0].dtype, tuple(n.types[0].shape),
+                                           default=STATE_DEFAULTS.get(n.name))
         elif n.op == "weight":
             ref[n.out] = Weight(n.name)
     fed = _fed_token(g)

@@ -10,6 +10,13 @@ detokenized, held back only as long as it might still become a stop string.
 The backend comes from the plan (a CPU plan runs on the cpu driver, a GPU plan on its GPU's) or from
 `device` ("emu": a GPU plan's own kernels on the host); runtime/executor.py drives it.
 
+Constrained requests (Request.grammar: runtime/grammar.py) have a token mask for each row of a step:
+their grammar's allowed next tokens, computed on the host while the device runs the step's layers
+(the executor's late state: on a worker thread beside a host backend's launches, between a GPU's
+queued layers and its tail), and applied by the fused tail's argmax (greedy) or by the sampler on
+the logits row (sampled). A free row's mask allows every token, so one batch mixes both, and the
+masks cost each step what the records' `mask_s` says.
+
 Pipelined decode (the drivers whose launches overlap the host, or `pipelined=True`): when every
 running sequence is greedy and decoding, the step after next is queued before this step's tokens
 are read: the fused tail writes each token into the slot the next step's embedding reads, and the
@@ -26,6 +33,7 @@ from __future__ import annotations
 import os
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
@@ -33,7 +41,7 @@ import numpy as np
 
 from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
-from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.numerics import EVERY_TOKEN, NO_TOKEN, PAGE, allowed, mask_words, pages_for
 from llmplan.core.plan_records import PlanBody, PlanHeader
 from llmplan.core.planfile import read_header, read_plan, recompile_hint
 from llmplan.models.gguf import GGUFFile, is_gguf
@@ -41,11 +49,12 @@ from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 
 from .driver import driver_for
 from .executor import Executor, PendingStep
+from .grammar import Grammar, Matcher, Vocabulary
 from .kv_blocks import BlockPool
 from .requests import Event, Request, RequestError, Result, SamplingParams, StopText
 from .sampler import Sampler, token_logprobs
 from .scheduler import Scheduler, Sequence, Step
-from .trace import Trace, span
+from .trace import MASKS, Trace, span
 
 RECORDS_KEPT = 10_000
 PLACEHOLDER = -1  # a sequence's last token while it is still on the device (pipelined decode)
@@ -61,6 +70,8 @@ class _Run:
     stream: Any  # the tokenizer's StreamDecoder
     stops: StopText
     submitted: float
+    matcher: Matcher | None = None  # a constrained request's place in its grammar
+    mask: np.ndarray | None = None  # the mask its next token was chosen under (a sampled row's, applied on the host)
     admitted: float = 0.0
     first: float = 0.0
 
@@ -94,6 +105,13 @@ class Engine:
         self._next_id = 0
         self._steps = 0
         self._notes = 0  # executor notes already put in a record
+        mask = body.phases["decode"].state.get("mask")
+        words = mask.shape[1] if mask is not None else mask_words(body.config["vocab_size"])
+        self.grammars = Vocabulary(self.tokenizer, words)
+        # whether the fused tail takes masks (a plan whose tail was not fused picks constrained tokens on the host)
+        self._masked_tail = mask is not None
+        self._masker: ThreadPoolExecutor | None = None  # computes a step's masks beside its launches
+        self._mask_s, self._masked = 0.0, 0  # this step's host seconds computing masks, and rows masked
 
     @classmethod
     def load(cls, plan: str | os.PathLike, device: str | None = None, model_path: str | None = None,
@@ -173,10 +191,15 @@ class Engine:
                                    "truncate it (Request.truncate, plan run --truncate), or compile with a larger --ctx")
             keep = [ids[0]] if ids[0] == tok.bos else []
             ids = keep + ids[len(ids) - (ctx - 1 - len(keep)):]
+        matcher = None
+        if request.grammar is not None:
+            if not isinstance(request.grammar, Grammar):
+                raise RequestError(f"grammar must be a runtime.grammar.Grammar, got {type(request.grammar).__name__}")
+            matcher = self.grammars.matcher(request.grammar)
         sid = self._next_id
         self._next_id += 1
         run = _Run(request, Result(list(ids)), Sampler(request.params), tok.stream(), StopText(request.stop),
-                   time.perf_counter())
+                   time.perf_counter(), matcher)
         seq = Sequence(sid, list(ids), min(len(ids) + request.max_tokens, ctx), state=run)
         self._seqs[sid] = seq
         if request.max_tokens == 0:
@@ -270,7 +293,9 @@ class Engine:
                   "prefill_rows": sum(n for _, n in plan.prefill), "prefill_seqs": len(plan.prefill),
                   "decode_rows": len(plan.decode), "free_blocks": self.pool.free_blocks,
                   "pipelined": self._queued is not None,
-                  "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6)}
+                  "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6),
+                  "masked_rows": self._masked, "mask_s": round(self._mask_s, 6)}
+        self._mask_s, self._masked = 0.0, 0
         if len(self.executor.notes) > self._notes:  # said once: e.g. a decode bucket that runs directly
             record["notes"] = self.executor.notes[self._notes:]
             self._notes = len(self.executor.notes)
@@ -289,8 +314,40 @@ class Engine:
     def _head(self, seqs: list[Sequence]) -> str:
         """The output a step needs for these sequences' next tokens: the fused tail's argmax, or logits."""
         wants = any(s.state.request.needs_logits or
-                    (s.state.request.keep_prompt_logits and not s.state.result.ids) for s in seqs)
+                    (s.state.request.keep_prompt_logits and not s.state.result.ids) or
+                    (s.state.matcher is not None and not self._masked_tail) for s in seqs)
         return "logits" if wants else "next_token"
+
+    # --- token masks ----------------------------------------------------------------------------
+
+    def _masks(self, rows: list[Sequence | None]) -> np.ndarray:
+        """The mask of every row of a step's tail: a constrained sequence's grammar's, else every token."""
+        t0 = time.perf_counter()
+        out = np.full((len(rows), self.grammars.words), EVERY_TOKEN, np.int32)
+        for j, s in enumerate(rows):
+            run = s.state if s is not None else None
+            if run is not None and run.matcher is not None and s.id in self._seqs:
+                run.matcher.fill(out[j])
+                run.mask = out[j]
+                self._masked += 1
+        t1 = time.perf_counter()
+        self._mask_s += t1 - t0
+        if self.trace is not None:
+            self.trace.complete("masks", "masks", t0, t1, MASKS, rows=len(rows))
+        return out
+
+    def _late_masks(self, rows: list[Sequence | None]) -> dict[str, Any] | None:
+        """The step's masks as late state, computed on a worker thread while the step's first launches
+        run (None when no row is constrained; a plan whose tail takes no mask has them made now, for
+        the sampler)."""
+        if not any(s is not None and s.state.matcher is not None for s in rows):
+            return None
+        if not self._masked_tail:
+            self._masks(rows)
+            return None
+        if self._masker is None:
+            self._masker = ThreadPoolExecutor(1, thread_name_prefix="masks")
+        return {"mask": self._masker.submit(self._masks, rows).result}
 
     def _prefill(self, plan: Step) -> float:
         seqs = [s for s, _ in plan.prefill]
@@ -305,9 +362,10 @@ class Engine:
         state = {"tokens": np.asarray(tokens, np.int32), "pos": np.asarray(pos, np.int32), "seq": row_seq,
                  "pages": self._table(seqs), "last": np.asarray(last, np.int32)}
         head = self._head(ending) if ending else None
+        late = self._late_masks([s if s in ending else None for s in seqs]) if head else None
         t0 = time.perf_counter()
         with span(self.trace, "prefill", "step", rows=len(tokens), seqs=len(seqs)):
-            out = self.executor.run("prefill", state, {"cache", head} if head else {"cache"})
+            out = self.executor.run("prefill", state, {"cache", head} if head else {"cache"}, late)
         seconds = time.perf_counter() - t0
         for j, (s, n) in enumerate(plan.prefill):
             self.scheduler.done(s, n)
@@ -329,9 +387,10 @@ class Engine:
         phase = "decode" if len(seqs) == 1 else "decode-batch"
         if self.pipelined and head == "next_token" and not plan.prefill:
             return self._decode_ahead(phase, seqs)
+        late = self._late_masks(list(seqs))
         t0 = time.perf_counter()
         with span(self.trace, "decode", "step", rows=len(seqs), pipelined=False):
-            out = self.executor.run(phase, self._decode_state(seqs, fed=False), {"cache", head})
+            out = self.executor.run(phase, self._decode_state(seqs, fed=False), {"cache", head}, late)
         seconds = time.perf_counter() - t0
         for j, s in enumerate(seqs):
             self.scheduler.done(s, 1)
@@ -359,13 +418,24 @@ class Engine:
         fed = self._queued is not None
         if fed and seqs != self._queued.seqs:
             raise AssertionError("a pipelined step must decode the queued step's sequences")  # _can_pipeline's job
+        late = None
+        if any(s.state.matcher is not None for s in seqs):
+            # this step's masks follow from the queued step's tokens: they are read (and the grammars
+            # advanced) while this step's layers run, before its tail is queued
+            def late_mask() -> np.ndarray:
+                if fed:
+                    self._consume()
+                return self._masks(list(seqs))
+
+            late = {"mask": late_mask}
         t0 = time.perf_counter()
         with span(self.trace, "decode", "step", rows=len(seqs), pipelined=True):
-            pending = self.executor.queue(phase, self._decode_state(seqs, fed), {"cache", "next_token"})
+            pending = self.executor.queue(phase, self._decode_state(seqs, fed), {"cache", "next_token"}, late)
         seconds = time.perf_counter() - t0
         for s in seqs:
-            self.scheduler.done(s, 1, known=len(s.tokens) - (s.tokens[-1] == PLACEHOLDER))
-        if fed:
+            if s.id in self._seqs:
+                self.scheduler.done(s, 1, known=len(s.tokens) - (s.tokens[-1] == PLACEHOLDER))
+        if fed and late is None:
             seconds += self._consume()
         self._queued = _Queued(list(seqs), pending)
         for s in seqs:
@@ -395,7 +465,14 @@ class Engine:
         run = seq.state
         if head == "logits" and run.request.keep_prompt_logits and run.result.prompt_logits is None:
             run.result.prompt_logits = row.copy()
-        token = int(row) if head == "next_token" else run.sampler(row, seq.tokens)
+        if head == "next_token":
+            token = int(row)
+        elif run.matcher is not None:  # the grammar's mask on the host: what it forbids can never be drawn
+            token = run.sampler(np.where(allowed(run.mask[None], len(row))[0], row, -np.inf), seq.tokens)
+        else:
+            token = run.sampler(row, seq.tokens)
+        if run.matcher is not None and not self._advance(seq, token):
+            return
         if not run.first:
             run.first = time.perf_counter()
         seq.tokens.append(token)
@@ -405,10 +482,25 @@ class Engine:
         want = run.request.logprobs
         self._events.append(Event(seq.id, token=token, text=text,
                                   logprobs=None if want is None else token_logprobs(row, token, want)))
-        if stopped or self.tokenizer.is_eog(token):
+        if stopped or self.tokenizer.is_eog(token) or (run.matcher is not None and run.matcher.finished):
             self._finish(seq, "stop", flush_stream=not stopped)
         elif len(seq.tokens) >= seq.limit:
             self._finish(seq, "length")
+
+    def _advance(self, seq: Sequence, token: int) -> bool:
+        """Move a constrained sequence's grammar past its token; False (the request ended in error) if
+        its mask allowed no token or the grammar refuses this one."""
+        run = seq.state
+        why = f"{run.matcher.param}: allows no token here" if token == NO_TOKEN else ""
+        if not why:
+            try:
+                run.matcher.consume(token)
+            except RequestError as e:
+                why = str(e)
+        if why:
+            run.result.error, run.result.error_param = why, run.matcher.param
+            self._finish(seq, "error")
+        return not why
 
     def _finish(self, seq: Sequence, reason: str, flush_stream: bool = True) -> None:
         run = seq.state

@@ -15,6 +15,14 @@ in `notes`, and runs directly.
 The decode phases' greedy tokens are written into their own `tokens` slot (the plan's "fed_by"), so
 a step whose sequences are the last step's, in the same order, needs no token from the host.
 
+Late state. A step may give some of its state late (`queue(..., late={name: make})`): the launches
+that do not read those inputs are queued first, then each make() is called and its value written,
+then the rest. The fused tail's token mask is the one: the host computes it (a constrained request's
+grammar, given the last token) while the device runs the layers. A bucket queued so is recorded as
+two graphs, before and from the first launch that reads a late input. A state input with a "default"
+may be left out of a step: its slot then holds the default (written again only after a step that
+gave it).
+
 Poison mode (tests): before each launch every byte it writes (outputs, scratch, the K/V cells of its
 rows) is set to 0xFF, a NaN in every float format; after it, every float it should have written is
 checked not to be NaN (i32 outputs: not -1), so a kernel that skips part of its output fails.
@@ -26,7 +34,7 @@ import math
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -87,7 +95,7 @@ class PendingStep:
 @dataclass
 class Bucket:
     visits: int = 0
-    graph: Any = None
+    graphs: list[Any] | None = None  # one per part of the step (two when it has late state)
     steps: int = 0  # replays
     failed: str = ""  # why it could not be recorded
 
@@ -120,6 +128,11 @@ class Executor:
         self.cache = Region(driver.alloc(value_bytes("f16", shape)), 0, value_bytes("f16", shape), "f16", shape)
         self.slots = {ph: {name: driver.alloc(value_bytes(s.dtype, _bound(s.shape, p.dims)))
                            for name, s in p.state.items()} for ph, p in self.phases.items()}
+        self._given: set[tuple[str, str]] = set()  # (phase, input) slots that hold a step's value, not the default
+        for ph, p in self.phases.items():
+            for name, s in p.state.items():
+                if s.default is not None:
+                    self._fill_default(ph, name)
         self.weights: dict[tuple[str, str], Region] = {}
         self.tables: dict[RopeTable, Region] = {}
         self._keep: list[np.ndarray] = []  # host arrays the host drivers use in place
@@ -246,61 +259,103 @@ class Executor:
     # --- a step ---------------------------------------------------------------------------------
 
     def write_state(self, phase: str, state: dict[str, np.ndarray], dims: dict[str, int]) -> None:
-        """Copy the step state into its slots; a fed input (the decode phases' tokens) may be left out,
-        and then keeps what the last step of this phase wrote into it."""
+        """Copy the step state into its slots. A fed input (the decode phases' tokens) may be left out,
+        and then keeps what the last step of this phase wrote into it; an input with a default, and then
+        holds its default."""
         for name, s in self.phases[phase].state.items():
-            if name not in state:
-                if s.fed_by:
-                    continue
+            if name in state:
+                self._write(phase, name, state[name], dims)
+            elif s.default is not None:
+                if (phase, name) in self._given:
+                    self._fill_default(phase, name)
+            elif not s.fed_by:
                 raise StepError(f"{phase}: the step state lacks {name!r}")
-            want = _bound(s.shape, dims)
-            arr = np.ascontiguousarray(state[name], np.int32)
-            if arr.shape != want:
-                raise StepError(f"{phase}: step state {name} has shape {arr.shape}, the step needs {want}")
-            self.driver.write(self.region(phase, State(name), dims), arr)
 
-    def queue(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> PendingStep:
+    def _write(self, phase: str, name: str, value: np.ndarray, dims: dict[str, int]) -> None:
+        s = self.phases[phase].state[name]
+        want = _bound(s.shape, dims)
+        arr = np.ascontiguousarray(value, np.int32)
+        if arr.shape != want:
+            raise StepError(f"{phase}: step state {name} has shape {arr.shape}, the step needs {want}")
+        self.driver.write(self.region(phase, State(name), dims), arr)
+        if s.default is not None:
+            self._given.add((phase, name))
+
+    def _fill_default(self, phase: str, name: str) -> None:
+        s = self.phases[phase].state[name]
+        full = np.full(_bound(s.shape, self.phases[phase].dims), s.default, np.int32)
+        self.driver.write(Region(self.slots[phase][name], 0, full.nbytes, "i32", full.shape), full)
+        self._given.discard((phase, name))
+
+    def queue(self, phase: str, state: dict[str, np.ndarray], want: set[str],
+              late: dict[str, Callable[[], np.ndarray]] | None = None) -> PendingStep:
         """Queue one step of `phase` computing the outputs in `want` (and the K/V writes of the launches
-        that serve them); their host copies come with result()."""
+        that serve them); their host copies come with result(). `late`: state inputs whose values are
+        made (each make() called once) after the launches that do not read them are queued."""
         t0 = time.perf_counter()
         p = self.phases[phase]
+        late = late or {}
         rows = len(state["pos"])
         dims = self.step_dims(phase, rows, len(state["pages"]))
         self.write_state(phase, state, dims)
-        bucket = None
+        graphs = None
         if self.replay and phase != "prefill":
-            bucket = self.buckets.setdefault((phase, rows, dims["seqs"], tuple(sorted(want))), Bucket())
+            key = (phase, rows, dims["seqs"], tuple(sorted(want)), tuple(sorted(late)))
+            bucket = self.buckets.setdefault(key, Bucket())
             bucket.visits += 1
             if bucket.visits == 2:
-                self._record(bucket, phase, dims, want)
-        if bucket is not None and bucket.graph is not None:
-            with self._traced(f"replay {phase} x{dims['seqs']}", "graph"):
-                bucket.graph.replay()
-            bucket.steps += 1
-        else:
-            calls = self.calls(phase, dims, want)
-            for n, (i, call) in enumerate(calls):
-                if self.poison and (n == 0 or calls[n - 1][0] != i):
-                    self._poison(phase, p.launches[i], dims, state)
-                with self._traced(call.name, "launch", grid=call.grid):
-                    self.driver.launch(call)
-                if self.poison and (n + 1 == len(calls) or calls[n + 1][0] != i):
-                    self._check(phase, p.launches[i], dims, state)
+                self._record(bucket, phase, dims, self._parts(phase, self.calls(phase, dims, want), set(late)))
+            if bucket.graphs is not None:
+                graphs = bucket.graphs
+                bucket.steps += 1
+        # a replayed step binds no call: its graphs hold them
+        parts = graphs or self._parts(phase, self.calls(phase, dims, want), set(late))
+        for j, part in enumerate(parts):
+            if j == 1:
+                for name, make in late.items():
+                    self._write(phase, name, make(), dims)
+            if graphs is None:
+                self._launch(phase, part, dims, state)
+            elif part is not None:
+                with self._traced(f"replay {phase} x{dims['seqs']}", "graph"):
+                    part.replay()
         reads = {name: self.driver.read(self.region(phase, ref, dims))
                  for name, ref in p.outputs.items() if name in want and not isinstance(ref, Cache)}
         return PendingStep(reads, time.perf_counter() - t0)
 
-    def run(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> dict[str, np.ndarray]:
-        return self.queue(phase, state, want).result()
+    def _parts(self, phase: str, calls: list[tuple[int, Call]], late: set[str]) -> list[list[tuple[int, Call]]]:
+        """The step's calls as one part, or with late state two: before and from the first launch that
+        reads a late input."""
+        if not late:
+            return [calls]
+        launches = self.phases[phase].launches
+        split = next((n for n, (i, _) in enumerate(calls)
+                      if any(isinstance(r, State) and r.name in late for r in launches[i].args)), len(calls))
+        return [calls[:split], calls[split:]]
+
+    def _launch(self, phase: str, calls: list[tuple[int, Call]], dims: dict[str, int],
+                state: dict[str, np.ndarray]) -> None:
+        launches = self.phases[phase].launches
+        for n, (i, call) in enumerate(calls):
+            if self.poison and (n == 0 or calls[n - 1][0] != i):
+                self._poison(phase, launches[i], dims, state)
+            with self._traced(call.name, "launch", grid=call.grid):
+                self.driver.launch(call)
+            if self.poison and (n + 1 == len(calls) or calls[n + 1][0] != i):
+                self._check(phase, launches[i], dims, state)
+
+    def run(self, phase: str, state: dict[str, np.ndarray], want: set[str],
+            late: dict[str, Callable[[], np.ndarray]] | None = None) -> dict[str, np.ndarray]:
+        return self.queue(phase, state, want, late).result()
 
     def _traced(self, name: str, cat: str, **args):
         """A launch or replay on the trace's host and device tracks, when tracing."""
         return nullcontext() if self.trace is None else self.trace.on_device(name, cat, **args)
 
-    def _record(self, bucket: Bucket, phase: str, dims: dict[str, int], want: set[str]) -> None:
+    def _record(self, bucket: Bucket, phase: str, dims: dict[str, int], parts: list[list[tuple[int, Call]]]) -> None:
         try:
             with span(self.trace, f"record {phase} x{dims['seqs']}", "graph"):
-                bucket.graph = self.driver.record([c for _, c in self.calls(phase, dims, want)])
+                bucket.graphs = [self.driver.record([c for _, c in part]) if part else None for part in parts]
         except Exception as e:  # the backend's capture failed: this bucket runs directly, and says so once
             bucket.failed = f"{type(e).__name__}: {e}"
             self.notes.append(f"{phase} at {dims['seqs']} sequences runs directly: recording failed ({bucket.failed})")

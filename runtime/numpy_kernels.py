@@ -162,10 +162,11 @@ def take_rows(out, x, rows):
         out[0][...] = x[rows]
 
 
-def tail_argmax(op, a, out, x, norm_w, head):
-    """Final norm, packing, output head and argmax: one int32 per row leaves the kernel."""
+def tail_argmax(op, a, out, x, norm_w, head, mask):
+    """Final norm, packing, output head and the argmax over the tokens each row's mask allows: one
+    int32 per row leaves the kernel."""
     xv = num.packed_values(num.rmsnorm(x, norm_w, a["eps"]), a["format"])
-    out[0][...] = np.argmax(num.matmul(xv, head, **_strategy(a)), axis=-1)
+    out[0][...] = num.masked_argmax(num.matmul(xv, head, **_strategy(a)), mask)
 
 
 # kernel family (core/op_traits.py) -> its NumPy twin

@@ -2,18 +2,24 @@
 endpoint) into what the engine runs, and the JSON of answers, stream chunks and errors.
 
 A field OpenAI defines that would change the answer is accepted only at the value we honour (`n` 1,
-no penalties, no tools, ...): anything else is a 400 naming it rather than a silently different
-result. A field OpenAI does not define is a 400 as well, as OpenAI answers it. JSON null means the
-default everywhere."""
+no penalties, ...): anything else is a 400 naming it rather than a silently different result. A
+field OpenAI does not define is a 400 as well, as OpenAI answers it, but for the extensions vLLM and
+llama.cpp's server take (`top_k`, `min_p`, `repetition_penalty`, `return_token_ids`, `grammar`). JSON
+null means the default everywhere. `response_format` and `grammar` become the request's grammar
+(runtime/grammar.py), `tools` and `tool_choice` a runtime/tool_calls.py offer."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from . import grammar, tool_calls
+from .grammar import Grammar, GrammarError
 from .requests import MAX_LOGPROBS, Event, RequestError, SamplingParams, TokenLogprobs
+from .tool_calls import Call, CallParser, Tool
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -116,8 +122,9 @@ def prompt(v: Any, name: str) -> str | list[int]:
     raise _bad(name, "must be a string or a non-empty list of token ids")
 
 
-def messages(v: Any, name: str) -> list[dict[str, str]]:
-    """Chat messages as the chat template takes them: role and text (content parts joined)."""
+def messages(v: Any, name: str) -> list[dict[str, Any]]:
+    """Chat messages as the chat template takes them: role and text (content parts joined), an
+    assistant's tool calls (arguments as objects) and a tool result's call id."""
     if not isinstance(v, list) or not v:
         raise _bad(name, "must be a non-empty list of messages")
     out = []
@@ -128,14 +135,109 @@ def messages(v: Any, name: str) -> list[dict[str, str]]:
         extra = set(m) - {"role", "content", "name", "tool_calls", "tool_call_id"}
         if extra:
             raise _bad(f"{where}.{sorted(extra)[0]}", "is not a message field this server takes")
-        if m.get("tool_calls"):
-            raise _bad(f"{where}.tool_calls", "tool calls are not supported")
         role = m.get("role")
         if role not in ROLES:
             raise _bad(f"{where}.role", f"must be one of {', '.join(ROLES)}, got {role!r}")
-        out.append({"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
-                   | ({"name": string(m["name"], f"{where}.name")} if m.get("name") is not None else {}))
+        msg = {"role": "system" if role == "developer" else role, "content": _content(m.get("content"), where)}
+        if m.get("name") is not None:
+            msg["name"] = string(m["name"], f"{where}.name")
+        if m.get("tool_calls"):
+            if role != "assistant":
+                raise _bad(f"{where}.tool_calls", "only an assistant message has tool calls")
+            msg["tool_calls"] = _tool_calls(m["tool_calls"], f"{where}.tool_calls")
+        if m.get("tool_call_id") is not None:
+            msg["tool_call_id"] = string(m["tool_call_id"], f"{where}.tool_call_id")
+        out.append(msg)
     return out
+
+
+def _tool_calls(v: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(v, list):
+        raise _bad(where, "must be a list of tool calls")
+    out = []
+    for j, c in enumerate(v):
+        at = f"{where}[{j}]"
+        f = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+            raise _bad(at, 'must be {"id", "type": "function", "function": {"name", "arguments"}}')
+        try:
+            args = json.loads(f.get("arguments") or "{}")
+        except (TypeError, ValueError, RecursionError):
+            raise _bad(f"{at}.function.arguments", "must be a JSON object as text") from None
+        if not isinstance(args, dict):
+            raise _bad(f"{at}.function.arguments", "must be a JSON object as text")
+        out.append({"id": str(c.get("id", "")), "type": "function", "function": {"name": f["name"], "arguments": args}})
+    return out
+
+
+def response_format(v: Any, name: str) -> Grammar | None:
+    """OpenAI's response_format: text (no grammar), json_object, or json_schema {name, schema, strict}."""
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind == "text" and set(v) == {"type"}:
+        return None
+    try:
+        if kind == "json_object" and set(v) == {"type"}:
+            return grammar.json_object(name)
+        if kind == "json_schema":
+            js = v.get("json_schema")
+            if set(v) != {"type", "json_schema"} or not isinstance(js, dict):
+                raise _bad(name, '{"type": "json_schema"} needs "json_schema": {"name", "schema", "strict"}')
+            unknown = set(js) - {"name", "schema", "strict", "description"}
+            if unknown:
+                raise _bad(f"{name}.json_schema.{sorted(unknown)[0]}", "unrecognized field")
+            if not isinstance(js.get("name"), str) or not js["name"]:
+                raise _bad(f"{name}.json_schema.name", "is required: a name for the schema")
+            if js.get("strict") is not None:
+                boolean(js["strict"], f"{name}.json_schema.strict")
+            return grammar.json_schema(js.get("schema", {}), f"{name}.json_schema.schema")
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+    raise _bad(name, 'must be {"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+                     '{"name", "schema", "strict"}}')
+
+
+def grammar_text(v: Any, name: str) -> Grammar:
+    """llama.cpp's and vLLM's `grammar`: a GBNF or Lark grammar the output must match."""
+    try:
+        return grammar.lark_or_gbnf(v, name)
+    except GrammarError as e:
+        raise ApiError(400, str(e), param=e.param) from None
+
+
+def tools(v: Any, name: str) -> list[Tool]:
+    if not isinstance(v, list):
+        raise _bad(name, "must be a list of tools")
+    out: dict[str, Tool] = {}
+    for i, t in enumerate(v):
+        where = f"{name}[{i}]"
+        if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(t.get("function"), dict):
+            raise _bad(where, 'must be {"type": "function", "function": {"name", "description", "parameters"}}')
+        f = t["function"]
+        unknown = set(f) - {"name", "description", "parameters", "strict"}
+        if unknown:
+            raise _bad(f"{where}.function.{sorted(unknown)[0]}", "unrecognized field")
+        fname = f.get("name")
+        if not isinstance(fname, str) or not tool_calls.NAME.match(fname):
+            raise _bad(f"{where}.function.name", "must be 1 to 64 letters, digits, underscores or dashes")
+        if fname in out:
+            raise _bad(f"{where}.function.name", f"{fname!r} is offered twice")
+        params = f.get("parameters", tool_calls.NO_PARAMETERS)
+        try:
+            grammar.json_schema(params, f"{where}.function.parameters")  # checked now: a bad schema is a 400
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        out[fname] = Tool(fname, string(f.get("description", ""), f"{where}.function.description"), params)
+    return list(out.values())
+
+
+def tool_choice(v: Any, name: str) -> str:
+    """"none", "auto", "required", or the name of the function that must be called."""
+    if v in ("none", "auto", "required"):
+        return v
+    f = v.get("function") if isinstance(v, dict) and v.get("type") == "function" else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str):
+        raise _bad(name, 'must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}')
+    return f["name"]
 
 
 def _content(c: Any, where: str) -> str:
@@ -172,6 +274,8 @@ SAMPLING: dict[str, tuple[Check, Any]] = {
     "logit_bias": (only({}, why="logit_bias is not implemented"), None),
     "user": (string, None),
     "return_token_ids": (boolean, False),  # vLLM's extension: the prompt's and the answer's token ids
+    "response_format": (response_format, None),
+    "grammar": (grammar_text, None),  # llama.cpp's and vLLM's extension: a GBNF or Lark grammar
 }
 
 COMPLETION_FIELDS = SAMPLING | {
@@ -189,10 +293,9 @@ CHAT_FIELDS = SAMPLING | {
     "max_completion_tokens": (integer(1), None),
     "logprobs": (boolean, False),
     "top_logprobs": (integer(0, MAX_LOGPROBS), None),
-    "tools": (only([], why="tools are not supported"), None),
-    "tool_choice": (only("none", why="tools are not supported"), None),
-    "parallel_tool_calls": (boolean, None),
-    "response_format": (only({"type": "text"}, why="only text responses are supported"), None),
+    "tools": (tools, None),
+    "tool_choice": (tool_choice, None),
+    "parallel_tool_calls": (boolean, None),  # a constrained call is one call, which either value allows
 }
 
 
@@ -214,11 +317,11 @@ def _fields(body: dict[str, Any], table: dict[str, tuple[Check, Any]]) -> dict[s
 
 @dataclass
 class Ask:
-    """A checked request: what the engine runs (prompt or messages to render, limits, sampling) and
-    how the answer is written."""
+    """A checked request: what the engine runs (prompt or messages to render, limits, sampling, the
+    grammar its output must match) and how the answer is written."""
 
     chat: bool
-    prompt: str | list[int] | list[dict[str, str]]  # text or ids (completions), messages (chat)
+    prompt: str | list[int] | list[dict[str, Any]]  # text or ids (completions), messages (chat)
     max_tokens: int | None  # None: up to the context
     params: SamplingParams
     stop: tuple[str, ...]
@@ -226,6 +329,9 @@ class Ask:
     include_usage: bool
     logprobs: int | None  # top alternatives per token; None: no logprobs
     token_ids: bool
+    grammar: Grammar | None = None
+    tools: list[Tool] | None = None  # the tools offered (None: none, or tool_choice "none")
+    tool_choice: str | None = None  # None: the model decides; "required"; or the function to call
 
 
 def parse_completion(body: dict[str, Any]) -> Ask:
@@ -238,19 +344,31 @@ def parse_chat(body: dict[str, Any]) -> Ask:
     if f["top_logprobs"] is not None and not f["logprobs"]:
         raise _bad("top_logprobs", "needs logprobs: true")
     top = (f["top_logprobs"] or 0) if f["logprobs"] else None
-    return _ask(f, True, f["messages"], f["max_completion_tokens"] or f["max_tokens"], top)
+    ask = _ask(f, True, f["messages"], f["max_completion_tokens"] or f["max_tokens"], top)
+    choice, offered = f["tool_choice"], f["tools"]
+    if choice is not None and not offered:
+        raise _bad("tool_choice", "is only allowed when tools are given")
+    if choice not in (None, "none", "auto", "required") and choice not in {t.name for t in offered}:
+        raise _bad("tool_choice.function.name", f"{choice!r} is not one of the tools")
+    if offered and choice != "none":
+        ask.tools, ask.tool_choice = offered, None if choice in (None, "auto") else choice
+        if ask.tool_choice is not None and ask.grammar is not None:
+            raise _bad("tool_choice", "a required tool call cannot be combined with response_format or grammar")
+    return ask
 
 
 def _ask(f: dict[str, Any], chat: bool, what: Any, max_tokens: int | None, logprobs: int | None) -> Ask:
     if f["stream_options"] is not None and not f["stream"]:
         raise _bad("stream_options", "is only allowed with stream: true")
+    if f["response_format"] is not None and f["grammar"] is not None:
+        raise _bad("grammar", "give response_format or grammar, not both")
     try:
         params = SamplingParams(f["temperature"], f["top_k"], f["top_p"], f["min_p"], f["repetition_penalty"],
                                 f["seed"])
     except RequestError as e:
         raise ApiError(400, str(e)) from None
     return Ask(chat, what, max_tokens, params, f["stop"], f["stream"], bool(f["stream_options"]), logprobs,
-               f["return_token_ids"])
+               f["return_token_ids"], f["response_format"] or f["grammar"])
 
 
 # --- answers -----------------------------------------------------------------------------------------
@@ -264,11 +382,13 @@ class Reply:
     """The JSON of one request's answer, whole or as stream chunks, in OpenAI's shapes for completions
     ("text_completion") or chat ("chat.completion", chunks "chat.completion.chunk")."""
 
-    def __init__(self, ask: Ask, model: str, piece: Callable[[int], bytes]):
+    def __init__(self, ask: Ask, model: str, piece: Callable[[int], bytes], syntax: str | None = None):
         self.ask, self.model, self.piece = ask, model, piece
         self.id = f"{'chatcmpl' if ask.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self._offset = 0  # completions' logprobs.text_offset runs over the whole answer
+        # the model's tool calls (`syntax`: runtime/tool_calls.py's, for the model's template) out of its text
+        self.calls = CallParser(ask.tools, syntax) if ask.tools else None
 
     def _envelope(self, chunk: bool) -> dict[str, Any]:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.ask.chat else "text_completion"
@@ -277,7 +397,15 @@ class Reply:
     def whole(self, text: str, events: list[Event], finish: str, prompt_ids: list[int], ids: list[int]) -> dict:
         choice: dict[str, Any] = {"index": 0}
         if self.ask.chat:
-            choice["message"] = {"role": "assistant", "content": text}
+            calls: list[Call] = []
+            if self.calls is not None:
+                shown, calls = self.calls.push(text)
+                rest, more = self.calls.flush()
+                text, calls = shown + rest, calls + more
+            choice["message"] = {"role": "assistant", "content": text if text or not calls else None}
+            if calls:
+                choice["message"]["tool_calls"] = [_call_json(c) for c in calls]
+                finish = "tool_calls"
         else:
             choice["text"] = text
         choice["logprobs"] = self._logprobs(events)
@@ -286,10 +414,25 @@ class Reply:
             choice |= {"prompt_token_ids": prompt_ids, "token_ids": ids}
         return self._envelope(False) | {"choices": [choice], "usage": usage(len(prompt_ids), len(ids))}
 
-    def chunk(self, text: str, events: list[Event], finish: str | None = None, first: bool = False) -> dict:
+    def chunk(self, text: str, events: list[Event], finish: str | None = None, first: bool = False) -> dict | None:
+        """A stream chunk, or None when the text is held back (a tool call being written) and the chunk
+        would carry nothing."""
         choice: dict[str, Any] = {"index": 0}
         if self.ask.chat:
+            calls: list[Call] = []
+            if self.calls is not None:
+                text, calls = self.calls.push(text)
+                if finish is not None:
+                    rest, more = self.calls.flush()
+                    text, calls = text + rest, calls + more
             choice["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text or first else {})
+            if calls:
+                done = len(self.calls.calls) - len(calls)
+                choice["delta"]["tool_calls"] = [{"index": done + i} | _call_json(c) for i, c in enumerate(calls)]
+            if finish is not None and self.calls is not None and self.calls.calls:
+                finish = "tool_calls"
+            if not choice["delta"] and finish is None and self.ask.logprobs is None and not self.ask.token_ids:
+                return None
         else:
             choice["text"] = text
         choice["logprobs"] = self._logprobs(events)
@@ -323,3 +466,7 @@ class Reply:
 
     def _text(self, token: int) -> str:
         return self.piece(token).decode("utf-8", errors="replace")
+
+
+def _call_json(c: Call) -> dict[str, Any]:
+    return {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}

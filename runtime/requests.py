@@ -6,10 +6,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from llmplan.core.errors import InputError
+
+if TYPE_CHECKING:
+    from .grammar import Grammar
+
 
 MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's bound)
 
@@ -65,6 +70,7 @@ class Request:
     keep_prompt_logits: bool = False  # Result.prompt_logits: the logits row after the prompt
     truncate: bool = False  # a prompt longer than the context keeps its BOS and its end instead of failing
     logprobs: int | None = None  # Event.logprobs for each generated token, with this many top alternatives
+    grammar: Grammar | None = None  # what the output must match (runtime/grammar.py): a JSON schema, a grammar
 
     @property
     def needs_logits(self) -> bool:
@@ -95,8 +101,9 @@ class Result:
     prompt_ids: list[int]
     ids: list[int] = field(default_factory=list)
     text: str = ""
-    finish_reason: str = ""  # stop, length, cancelled, error
+    finish_reason: str = ""  # stop, length, cancelled, error (a grammar ending counts as stop)
     error: str = ""
+    error_param: str | None = None  # the request field the error is about, where it is one (a grammar)
     prompt_logits: np.ndarray | None = None
     timings: dict[str, float] = field(default_factory=dict)
 

@@ -33,8 +33,11 @@ from starlette.routing import Route
 
 from llmplan.core.errors import InputError
 
+from . import tool_calls
+from .chat_page import chat_page
 from .engine import Engine
 from .engine_thread import EngineStopped, EngineThread, Stream
+from .grammar import Grammar, GrammarError
 from .openai_api import ApiError, Ask, Reply, parse_chat, parse_completion
 from .requests import Event, Request, RequestError
 from .serve_metrics import CONTENT_TYPE, Metrics
@@ -61,6 +64,7 @@ class _Service:
     def _ready(self, engine: Engine) -> None:
         self.name = self.name or os.path.splitext(os.path.basename(engine.model.path))[0]
         self.created = int(time.time())
+        engine.grammars.prepare()  # the constrained requests' vocabulary, built before the first one comes
         _say(f"ready: model {self.name}, context {engine.limits.ctx}, {engine.scheduler.max_seqs} sequences per "
              f"step, {engine.pool.total} K/V blocks (loaded in {engine.load_seconds:.2f} s)")
 
@@ -151,11 +155,17 @@ class _Service:
 
     async def completions(self, request: HttpRequest) -> Response:
         engine = self._guard(request)
-        return await self._generate(request, engine, parse_completion(await self._body(request)))
+        # parsed off the event loop: a schema or grammar is compiled to check it
+        return await self._generate(request, engine, await run_in_threadpool(parse_completion,
+                                                                             await self._body(request)))
 
     async def chat(self, request: HttpRequest) -> Response:
         engine = self._guard(request)
-        return await self._generate(request, engine, parse_chat(await self._body(request)))
+        return await self._generate(request, engine, await run_in_threadpool(parse_chat, await self._body(request)))
+
+    async def page(self, request: HttpRequest) -> Response:
+        """The chat page: no key needed to load it (it asks for one when the API answers 401)."""
+        return Response(chat_page(), media_type="text/html; charset=utf-8")
 
     # --- generation ----------------------------------------------------------------------------------
 
@@ -166,13 +176,33 @@ class _Service:
             raise ApiError(400, str(e), param="prompt" if isinstance(what, str) else "messages") from None
 
     async def _ids(self, engine: Engine, ask: Ask) -> list[int]:
-        """The prompt's token ids: the chat template's rendering, or the text's ids (BOS added, special
-        tokens parsed, as the engine encodes a text prompt)."""
+        """The prompt's token ids: the chat template's rendering (with the tools offered), or the text's
+        ids (BOS added, special tokens parsed, as the engine encodes a text prompt)."""
+        if ask.chat and ask.tools:
+            syntax = tool_calls.syntax_of(engine.tokenizer.vocab.chat_template)
+            msgs, extra = tool_calls.prompt(ask.prompt, ask.tools, ask.tool_choice, syntax)
+            return await self._encode(engine.tokenizer.encode_chat, msgs, **extra)
         if ask.chat:
             return await self._encode(engine.tokenizer.encode_chat, ask.prompt)
         if isinstance(ask.prompt, str):
             return await self._encode(engine.tokenizer.encode, ask.prompt, add_special=True, parse_special=True)
         return ask.prompt
+
+    async def _constraint(self, engine: Engine, ask: Ask, syntax: str | None) -> Grammar | None:
+        """The grammar the answer must match: response_format's or grammar's, or a required tool call's
+        (`syntax`: the model's call syntax); the grammars' vocabulary is ready before the engine thread
+        needs it."""
+        constraint = ask.grammar
+        try:
+            if ask.tools and ask.tool_choice is not None:  # required, or a named function: one valid call
+                constraint = await run_in_threadpool(tool_calls.call_grammar, ask.tools, ask.tool_choice, syntax)
+            if constraint is not None:
+                await run_in_threadpool(engine.grammars.load)
+        except GrammarError as e:
+            raise ApiError(400, str(e), param=e.param) from None
+        except RequestError as e:  # the vocabulary could not be built: the constraint cannot be kept
+            raise ApiError(400, str(e), param=constraint.param) from None
+        return constraint
 
     async def _generate(self, http: HttpRequest, engine: Engine, ask: Ask) -> Response:
         if self.in_flight >= engine.scheduler.max_seqs + self.queue:
@@ -188,9 +218,11 @@ class _Service:
                 raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {ctx} "
                                     f"(prompt and completion): shorten the prompt",
                                param="messages" if ask.chat else "prompt", code="context_length_exceeded")
-            await job.submit(Request(ids, ask.max_tokens or ctx, ask.params, ask.stop, logprobs=ask.logprobs),
-                             "messages" if ask.chat else "prompt")
-            reply = Reply(ask, self.name, engine.tokenizer.piece)
+            syntax = tool_calls.syntax_of(engine.tokenizer.vocab.chat_template)
+            constraint = await self._constraint(engine, ask, syntax)
+            await job.submit(Request(ids, ask.max_tokens or ctx, ask.params, ask.stop, logprobs=ask.logprobs,
+                                     grammar=constraint), "messages" if ask.chat else "prompt")
+            reply = Reply(ask, self.name, engine.tokenizer.piece, syntax)
             if ask.stream:
                 streaming = True
                 return _EventStream(_chunks(job, reply), job.close)
@@ -199,7 +231,8 @@ class _Service:
                 return Response(status_code=499)  # nobody reads it: the client has gone
             end = events[-1]
             if end.finish_reason == "error":
-                raise ApiError(400, end.result.error, param="messages" if ask.chat else "prompt")
+                param = end.result.error_param or ("messages" if ask.chat else "prompt")
+                raise ApiError(400, end.result.error, param=param)
             return JSONResponse(reply.whole(end.result.text, events, end.finish_reason, end.result.prompt_ids,
                                             end.result.ids))
         finally:
@@ -224,7 +257,7 @@ class _Job:
         first = await self.stream.get()
         if isinstance(first, RequestError):
             self.finished = True
-            raise ApiError(400, str(first), param=param)
+            raise ApiError(400, str(first), param=getattr(first, "param", None) or param)  # a grammar's names its own
         _raise_failure(first)
 
     async def events(self) -> AsyncIterator[list[Event]]:
@@ -262,12 +295,14 @@ async def _chunks(job: _Job, reply: Reply) -> AsyncIterator[bytes]:
         async for batch in job.events():
             end = batch[-1] if batch[-1].finish_reason else None
             if end is not None and end.finish_reason == "error":
-                yield _sse(ApiError(400, end.result.error).body())
+                yield _sse(ApiError(400, end.result.error, param=end.result.error_param).body())
                 break
             text = "".join(e.text for e in batch)
             tokens = any(e.token is not None for e in batch)
             if text or end is not None or (tokens and (ask.logprobs is not None or ask.token_ids)):
-                yield _sse(reply.chunk(text, batch, end.finish_reason if end is not None else None))
+                chunk = reply.chunk(text, batch, end.finish_reason if end is not None else None)
+                if chunk is not None:
+                    yield _sse(chunk)
             if end is not None and ask.include_usage:
                 yield _sse(reply.usage_chunk(len(end.result.prompt_ids), len(end.result.ids)))
     except ApiError as e:  # the engine stopped: the status line is sent, so the error goes in the stream
@@ -356,7 +391,8 @@ def create_app(load: Callable[[], Engine], *, name: str | None = None, api_key: 
         await run_in_threadpool(service.engine.stop)
 
     s = service
-    routes = [Route("/health", s.health), Route("/metrics", s.metrics_text), Route("/v1/models", s.models),
+    routes = [Route("/", s.page), Route("/health", s.health), Route("/metrics", s.metrics_text),
+              Route("/v1/models", s.models),
               Route("/v1/completions", s.completions, methods=["POST"]),
               Route("/v1/chat/completions", s.chat, methods=["POST"]),
               Route("/tokenize", s.tokenize, methods=["POST"]), Route("/detokenize", s.detokenize, methods=["POST"])]

@@ -1,7 +1,8 @@
 """A Chrome trace-event recording of a run (`plan run --trace out.json`; Perfetto and chrome://tracing
 open it): load phases, engine steps with their scheduling, prefill chunks and decode steps, each
 kernel launch (host issue time), graph recordings and replays, on a "host" track; on drivers with a
-device clock (cuda, hip) the launches and replays again on a "device" track, timed by events.
+device clock (cuda, hip) the launches and replays again on a "device" track, timed by events; the
+token masks of constrained requests, computed beside a step's launches, on a "masks" track.
 
 Spans are complete events ("ph": "X") in microseconds since the trace began; a span closes after
 everything it encloses, so spans on one track nest. Device times are placed by an anchor: a marker
@@ -15,7 +16,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from typing import Any, Iterator
 
-HOST, DEVICE = 1, 2  # the tracks (trace-event thread ids)
+HOST, DEVICE, MASKS = 1, 2, 3  # the tracks (trace-event thread ids); MASKS: constrained requests' token masks
 
 
 class Trace:
@@ -66,7 +67,7 @@ class Trace:
                 self.complete(name, cat, start, start + last.seconds_since(first), DEVICE, **args)
             self.device = []
         names = [{"name": "thread_name", "ph": "M", "pid": 1, "tid": tid, "args": {"name": name}}
-                 for tid, name in ((HOST, "host"), (DEVICE, "device"))]
+                 for tid, name in ((HOST, "host"), (DEVICE, "device"), (MASKS, "masks"))]
         with open(path, "w", encoding="utf-8") as f:
             json.dump({"traceEvents": names + self.events, "displayTimeUnit": "ms"}, f)
 

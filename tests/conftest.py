@@ -184,3 +184,23 @@ def served(serve_plan, tmp_path_factory):
     server = Served(serve_plan("bpe"), tmp_path_factory.mktemp("serve") / "serve.log")
     yield server
     assert server.stop() == 0, server.output()
+
+
+GEMMA_KEY = "test-key"  # the served Gemma plan's --api-key
+
+
+@pytest.fixture(scope="session")
+def served_gemma(gemma3_path, tmp_path_factory):
+    """`plan serve --api-key GEMMA_KEY` on the real Gemma 3 270M (context 512, 4 sequences per step), shared
+    by the structured-output tests and the chat page's."""
+    from serve_harness import Served
+
+    from llmplan.core.devices import local_cpu
+    from llmplan.models.model import open_model
+    from llmplan.plans.compile import compile_model
+
+    root = tmp_path_factory.mktemp("gemma-serve")
+    compile_model(open_model(gemma3_path), local_cpu(), root / "gemma.plan", ctx=512, chunk=64, max_seqs=4)
+    server = Served(str(root / "gemma.plan"), root / "serve.log", "--api-key", GEMMA_KEY)
+    yield server
+    assert server.stop() == 0, server.output()

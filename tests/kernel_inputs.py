@@ -133,3 +133,18 @@ def nmse(got: np.ndarray, want: np.ndarray) -> float:
     """Normalized mean squared error sum((got - want)^2) / sum(want^2)."""
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(((got - want) ** 2).sum() / max((want ** 2).sum(), 1e-300))
+
+
+def random_mask(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
+    """Token masks [rows, ceil(vocab / 32)] (core/numerics.py's layout) that cover the cases: row 0
+    allows every token, row 1 one token, row 2 none (the argmax is NO_TOKEN), the rest about a tenth
+    of the vocabulary at random. The bits past the vocabulary are random too: kernels must not read them."""
+    words = num.mask_words(vocab)
+    bits = rng.random((rows, words * 32)) < 0.1
+    bits[0] = True
+    if rows > 1:
+        bits[1] = False
+        bits[1, rng.integers(vocab)] = True
+    if rows > 2:
+        bits[2, :vocab] = False
+    return np.packbits(bits, axis=-1, bitorder="little").view(np.int32).reshape(rows, words)

@@ -4,8 +4,9 @@ per-slice argmax, and the final reduction to one token per row.
 Launch records (three launches and the scratch references they share); builds of every head format and
 activation format for all five targets; and on the CPU emulator (tests/kernel_emu.py) against the CPU
 twin runtime/numpy_kernels.py tail_argmax: the packed rows byte for byte against the twin's packing, the
-final token of every row, the per-slice partial results against the twin's logits, ties (the lower
-index wins, as np.argmax) and NaN logits (the first NaN wins).
+final token of every row under random token masks (kernel_inputs.random_mask: all, one, no token, a
+tenth), the per-slice partial results against the twin's masked logits, ties (the lower index wins, as
+np.argmax) and NaN logits (the first NaN wins).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from llmplan.runtime.numpy_kernels import tail_argmax as cpu_tail
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
-from kernel_inputs import planar_bytes, random_blocks, random_weight
+from kernel_inputs import planar_bytes, random_blocks, random_mask, random_weight
 from launch_records import lowered, phase_buffers, wire
 
 EPS = 1e-5
@@ -36,8 +37,9 @@ def tail_launch(fmt, vocab, k, rows, target="sm_90", member=None, act=None):
     ctx = Context(phase_buffers([{"dtype": "f32", "shape": [rows, k]}, {"dtype": "i32", "shape": [rows]}]),
                   {"output_norm.weight": ("F32", (k,)), "output.weight": (fmt, (vocab, k))}, TARGETS[target])
     launch = lowered({"op": "tail_argmax", "attrs": {"eps": EPS, "format": act or ACTIVATION_FORMAT[fmt.lower()]},
-              "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "output.weight"}],
-              "outs": [{"buf": 1}]})
+                      "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "output.weight"},
+                               {"state": "mask"}],
+                      "outs": [{"buf": 1}]})
     return tail.launches(dataclasses.replace(launch, member=member or ""), ctx)
 
 
@@ -56,8 +58,8 @@ def test_launches():
     assert logits.kernel.block == 128 and logits.kernel.expects == ("dot4", "load128")
     assert "__launch_bounds__(128, 1) lp_tail_logits_q6_k_c1(" in logits.kernel.entry
     assert logits.grid == (blocks, ("rows", 1)) and logits.smem == 0
-    assert wire(logits.args) == [packed, {"weight": "output.weight", "layout": "planar"}, part, {"i32": "rows"},
-                           {"i32": 4096}, {"i32": 128256}, {"i32": tail.SLICE}]
+    assert wire(logits.args) == [packed, {"weight": "output.weight", "layout": "planar"}, {"state": "mask"}, part,
+                                 {"i32": "rows"}, {"i32": 4096}, {"i32": 128256}, {"i32": tail.SLICE}]
     assert reduce.kernel.name == "lp_tail_argmax_reduce" and reduce.kernel.block == 256 and reduce.smem == 0
     assert reduce.grid == (("rows", 1),)
     assert wire(reduce.args) == [part, {"buf": 1}, {"i32": blocks}]
@@ -110,16 +112,18 @@ def emu(wave: int):
     return runner(ks, wave), t
 
 
-def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):
-    """Run the three launches on the emulator and the CPU twin; returns (the kernels' tokens, the twin's,
-    the second kernel's partial results [rows, blocks] as (values, indices), the twin's logits)."""
+def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None, mask=None):
+    """Run the three launches on the emulator and the CPU twin (`mask`: every token allowed unless
+    given); returns (the kernels' tokens, the twin's, the second kernel's partial results [rows, blocks]
+    as (values, indices), the twin's logits with what the mask forbids at -inf)."""
     e, t = emu(wave)
     vocab, k = head.shape
     act = ACTIVATION_FORMAT[fmt.lower()]
     x = rng.standard_normal((rows, k)).astype(np.float32) if x is None else x
     norm = rng.uniform(0.5, 1.5, k).astype(np.float32)
     launches = tail_launch(fmt, vocab, k, "rows", target=t.name, member=member)
-    blocks = launches[1].args[2].shape[1]
+    blocks = launches[1].args[3].shape[1]
+    mask = np.full((rows, num.mask_words(vocab)), -1, np.int32) if mask is None else mask
     if act == "f16":
         packed = np.full((rows, k), np.nan, np.float16)
     else:
@@ -133,13 +137,15 @@ def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):
             return scratch[ref["scratch"]]
         if "weight" in ref:
             return head_planar if ref["weight"] == "output.weight" else norm
+        if "state" in ref:
+            return mask
         return x if ref["buf"] == 0 else out
 
     for ln in launches:
         e.launch(ln, bind, {"rows": rows})
     assert out[rows] == -7
     want = np.full(rows, -1, np.int32)
-    cpu_tail("tail_argmax", {"eps": EPS, "format": act}, [want], x, norm, head)
+    cpu_tail("tail_argmax", {"eps": EPS, "format": act}, [want], x, norm, head, mask)
     normed = num.rmsnorm(x, norm, EPS)
     # the packed rows are the twin's packing of the same norm, byte for byte
     if act == "f16":
@@ -150,7 +156,7 @@ def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):
             got = packed[p.offset:p.offset + p.nbytes].view(p.dtype).reshape(p.shape)
             np.testing.assert_array_equal(got.view(np.uint8), np.ascontiguousarray(ref[p.name]).view(np.uint8),
                                           err_msg=f"packed {p.name}")
-    logits = num.packed_values(normed, act) @ head.T
+    logits = np.where(num.allowed(mask, vocab), num.packed_values(normed, act) @ head.T, -np.inf)
     return out[:rows], want, (part[..., 0], part[..., 1].view(np.int32)), logits
 
 
@@ -160,13 +166,18 @@ def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):
 def test_tail_matches_the_cpu_twin(fmt, wave, rng):
     vocab, k, rows = 600, 512, 5  # 3 slices (the last partial); 2 column blocks (the last partial)
     planar, head = random_weight(rng, fmt, vocab, k)
-    got, want, (values, index), logits = run_tail(wave, fmt, planar, head, rows, rng)
+    got, want, (values, index), logits = run_tail(wave, fmt, planar, head, rows, rng,
+                                                  mask=random_mask(rng, rows, vocab))
     np.testing.assert_array_equal(got, want)
+    assert want[2] == num.NO_TOKEN and want[0] != num.NO_TOKEN  # random_mask's rows: none allowed, all
+    scale = np.abs(logits[np.isfinite(logits)]).max()
     for b in range(values.shape[1]):
         sl = logits[:, b * tail.SLICE:(b + 1) * tail.SLICE]
-        np.testing.assert_allclose(values[:, b], sl.max(axis=1), rtol=1e-5, atol=1e-5 * np.abs(sl).max())
-        top2 = np.sort(sl, axis=1)[:, -2:]
-        clear = top2[:, 1] - top2[:, 0] > 1e-4 * np.abs(sl).max()
+        some = np.isfinite(sl).any(axis=1)
+        np.testing.assert_allclose(values[some, b], sl[some].max(axis=1), rtol=1e-5, atol=1e-5 * scale)
+        assert (values[~some, b] == -np.inf).all() and (index[~some, b] == num.NO_TOKEN).all()
+        top2 = np.sort(np.where(some[:, None], sl, 0), axis=1)[:, -2:]  # rows allowing nothing: no gap
+        clear = some & (top2[:, 1] - top2[:, 0] > 1e-4 * scale)
         np.testing.assert_array_equal(index[clear, b] - b * tail.SLICE, sl.argmax(axis=1)[clear])
 
 

@@ -20,12 +20,15 @@ import zlib
 import numpy as np
 import pytest
 
+from llmplan.core import numerics as num
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format_of, planes
 from llmplan.core.numerics import PAGE
 from llmplan.core.op_traits import FAMILIES, TRAITS
 from llmplan.ir.interpret import IMPLS
 from llmplan.models.quantize import quantize
 from llmplan.runtime.numpy_kernels import KERNELS, MappedRows, Packed
+
+from kernel_inputs import random_mask
 
 F32, F16, U16 = np.float32, np.float16, np.uint16
 EXACT = 1e-7  # packing, norms, integer-valued dots, elementwise
@@ -657,18 +660,22 @@ def test_take_rows(rng, fmt):
 
 @pytest.mark.parametrize("fmt", PACK_FORMATS)
 @pytest.mark.parametrize("rows", [1, 4])
-def test_tail_argmax(rng, fmt, rows):
+@pytest.mark.parametrize("masked", [False, True])
+def test_tail_argmax(rng, fmt, rows, masked):
     k, vocab = 512, 300
     x, norm, head = normal(rng, rows, k, scale=2.0), normal(rng, k), normal(rng, vocab, k, scale=0.05)
+    mask = random_mask(rng, rows, vocab) if masked else np.full((rows, num.mask_words(vocab)), -1, np.int32)
     a = {"eps": 1e-6, "format": fmt}
     out = poisoned((rows,), np.int32)
-    run("tail_argmax", a, [out], x, norm, head)
+    run("tail_argmax", a, [out], x, norm, head, mask)
     assert_written(out)
-    want = IMPLS["tail_argmax"](a, x, norm, head)
+    want = IMPLS["tail_argmax"](a, x, norm, head, mask)
     np.testing.assert_array_equal(out, want)
-    # the greedy token of the unfused ops' logits, computed in float64
+    # the best allowed token of the unfused ops' logits, computed in float64 (NO_TOKEN: none allowed)
     logits = _matmul_reference(IMPLS["rmsnorm_pack"](a, x, norm), head)
-    np.testing.assert_array_equal(out, logits.argmax(-1))
+    ok = num.allowed(mask, vocab)
+    best = np.where(ok.any(-1), np.where(ok, logits, -np.inf).argmax(-1), num.NO_TOKEN)
+    np.testing.assert_array_equal(out, best)
 
 
 # --- NaN / Inf -------------------------------------------------------------------------------------

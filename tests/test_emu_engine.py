@@ -177,4 +177,27 @@ def test_a_bucket_that_cannot_be_recorded_runs_directly_and_says_so_once(plans, 
     notes = [n for r in engine.records for n in r.get("notes", [])]
     assert notes == ["decode at 1 sequences runs directly: recording failed (RuntimeError: capture is not "
                      "supported here)"]
-    assert all(b.graph is None and b.steps == 0 for b in engine.executor.buckets.values())
+    assert all(b.graphs is None and b.steps == 0 for b in engine.executor.buckets.values())
+
+
+def test_constrained_requests_on_emu_give_the_cpu_plans_tokens(plans):
+    """A batch of constrained (a JSON schema: the GPU tail's masked argmax) and free requests, pipelined
+    and replayed on the emulated GPU: the CPU plan's tokens, and each constrained answer is its JSON."""
+    import json
+
+    from llmplan.runtime import grammar
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "maximum": 9}},
+              "required": ["ok", "n"], "additionalProperties": False}
+
+    def requests():
+        g = grammar.json_schema(schema)
+        return [Request("Once upon a time", 16, grammar=g), Request("The capital of France is", 6),
+                Request("JSON:", 16, grammar=g)]
+
+    want = Engine.load(plans["cpu"]).run(requests())
+    emu = Engine.load(plans["sm_90"], device="emu", pipelined=True)
+    got = emu.run(requests())
+    assert [r.ids for r in got] == [r.ids for r in want]
+    assert [json.loads(got[i].text)["ok"] in (True, False) for i in (0, 2)] == [True, True]
+    assert any(r["pipelined"] and r["masked_rows"] for r in emu.records)

@@ -8,6 +8,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from llmplan.core import numerics as num
 from llmplan.ir.printer import print_graph
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
@@ -62,10 +63,18 @@ def test_fused_tail_gives_the_greedy_token():
     weight = functools.lru_cache(None)(m.dequantize)
     g = compile_graph(trace_model(m.definition, m.config, m.weight_table(), "prefill"))
     dec = ReferenceDecoder(g, g, weight, 32)
-    out = dec._prefill.run({"tokens": np.array([0, 5, 9, 100], np.int32), "pos": np.arange(4, dtype=np.int32),
-                            "seq": np.zeros(4, np.int32), "pages": np.repeat(dec.pages, 2, axis=0),
-                            "last": np.array([1, 3], np.int32), "cache": dec.cache})
+    inputs = {"tokens": np.array([0, 5, 9, 100], np.int32), "pos": np.arange(4, dtype=np.int32),
+              "seq": np.zeros(4, np.int32), "pages": np.repeat(dec.pages, 2, axis=0),
+              "last": np.array([1, 3], np.int32), "cache": dec.cache}
+    vocab = m.config.vocab_size
+    free = np.full((2, num.mask_words(vocab)), -1, np.int32)
+    out = dec._prefill.run(inputs | {"mask": free})
     assert out["next_token"].tolist() == np.argmax(out["logits"], axis=-1).tolist()
+    # a mask that allows a random tenth of the vocabulary: the best allowed token of each row
+    ok = np.random.default_rng(0).random((2, vocab)) < 0.1
+    mask = np.packbits(np.pad(ok, ((0, 0), (0, free.shape[1] * 32 - vocab))), axis=-1, bitorder="little")
+    out = dec._prefill.run(inputs | {"mask": mask.view(np.int32)})
+    assert out["next_token"].tolist() == np.where(ok, out["logits"], -np.inf).argmax(axis=-1).tolist()
 
 
 def test_llama3_8b_decode_launches(tmp_path):

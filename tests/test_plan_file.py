@@ -92,7 +92,7 @@ def test_bit_flip_in_the_body(cli, plan, tmp_path):
     _fails(cli, bad, "body is corrupt (checksum mismatch)")
 
 
-@pytest.mark.parametrize("version,word", [(FORMAT_VERSION + 1, "newer"), (0, "older")])
+@pytest.mark.parametrize("version,word", [(FORMAT_VERSION + 1, "newer"), (FORMAT_VERSION - 1, "older"), (0, "older")])
 def test_other_format_version(cli, plan, tmp_path, version, word):
     data = bytearray(plan.read_bytes())
     data[8:12] = struct.pack("<I", version)
@@ -142,6 +142,10 @@ def _launch(body, phase="decode", i=2):
     (lambda b: _launch(b)["kernels"][0]["args"].__setitem__(0, {"buf": 999}),
      "phases.decode.launches[2].kernels[0].args[0]", "buffer 999 of"),
     (lambda b: b["phases"]["decode"]["state"].pop("pos"), "phases.decode.state", "missing step-state input 'pos'"),
+    (lambda b: b["phases"]["decode"]["state"]["mask"].__setitem__("default", 2**31),
+     "phases.decode.state.mask.default", "2147483648 is not an i32 value"),
+    (lambda b: b["phases"]["decode"]["state"]["mask"].__setitem__("default", True),
+     "phases.decode.state.mask.default", "expected int or nothing, got True"),
     (lambda b: b["cache"].__setitem__("dtype", "f32"), "cache.dtype", "the K/V cache is f16"),
     (lambda b: b["phases"]["decode"]["buffers"][0].__setitem__("shape", ["rows", "nope"]),
      "phases.decode.buffers[0].shape[1]", "unknown dimension 'nope'"),

@@ -71,10 +71,47 @@ CASES = [
      "logprobs"),
     ("top_logprobs without logprobs", "POST", CHAT, {"messages": MSG, "top_logprobs": 2}, 400,
      "invalid_request_error", "top_logprobs"),
-    ("tools", "POST", CHAT, {"messages": MSG, "tools": [{"type": "function", "function": {"name": "f"}}]}, 400,
-     "invalid_request_error", "tools"),
-    ("json response format", "POST", CHAT, {"messages": MSG, "response_format": {"type": "json_object"}}, 400,
+    ("response_format of an unknown type", "POST", CHAT, {"messages": MSG, "response_format": {"type": "xml"}}, 400,
      "invalid_request_error", "response_format"),
+    ("json_schema without its name", "POST", CHAT, {"messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, 400, "invalid_request_error",
+     "response_format.json_schema.name"),
+    ("json_schema not a schema", "POST", CHAT, {"messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wizard"}}}}, 400,
+     "invalid_request_error", "response_format.json_schema.schema"),
+    ("json_schema with an unsupported pattern", "POST", C, OK | {"response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "(?<=a)b"}}}},
+     400, "invalid_request_error", "response_format.json_schema.schema"),
+    ("json_schema with a dangling $ref", "POST", CHAT, {"messages": MSG, "response_format": {
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/none"}}}}, 400,
+     "invalid_request_error", "response_format.json_schema.schema"),
+    ("grammar with an undefined rule", "POST", C, OK | {"grammar": "root ::= missing"}, 400,
+     "invalid_request_error", "grammar"),
+    ("grammar that does not parse", "POST", C, OK | {"grammar": "start: ("}, 400, "invalid_request_error", "grammar"),
+    ("grammar with no finite sentence", "POST", C, OK | {"grammar": 'root ::= "la" root'}, 400,
+     "invalid_request_error", "grammar"),
+    ("grammar and response_format", "POST", C, OK | {"grammar": 'root ::= "a"',
+                                                      "response_format": {"type": "json_object"}}, 400,
+     "invalid_request_error", "grammar"),
+    ("tools not a list", "POST", CHAT, {"messages": MSG, "tools": {"f": 1}}, 400, "invalid_request_error", "tools"),
+    ("a tool with a bad name", "POST", CHAT, {"messages": MSG, "tools": [
+        {"type": "function", "function": {"name": "no spaces"}}]}, 400, "invalid_request_error",
+     "tools[0].function.name"),
+    ("a tool with a bad schema", "POST", CHAT, {"messages": MSG, "tools": [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "wizard"}}}]}, 400,
+     "invalid_request_error", "tools[0].function.parameters"),
+    ("tool_choice without tools", "POST", CHAT, {"messages": MSG, "tool_choice": "required"}, 400,
+     "invalid_request_error", "tool_choice"),
+    ("tool_choice naming no tool", "POST", CHAT, {"messages": MSG, "tools": [
+        {"type": "function", "function": {"name": "f"}}], "tool_choice": {"type": "function",
+                                                                          "function": {"name": "g"}}}, 400,
+     "invalid_request_error", "tool_choice.function.name"),
+    ("tool call arguments that are not JSON", "POST", CHAT, {"messages": [{"role": "assistant", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "[" * 100000}}]}]}, 400,
+     "invalid_request_error", "messages[0].tool_calls[0].function.arguments"),
+    ("a user message with tool calls", "POST", CHAT, {"messages": [{"role": "user", "content": "x", "tool_calls": [
+        {"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}, 400,
+     "invalid_request_error", "messages[0].tool_calls"),
     ("chat prompt longer than the context", "POST", CHAT,
      {"messages": [{"role": "user", "content": "word " * 400}]}, 400, "invalid_request_error", "messages"),
     ("tokenize without a prompt", "POST", "/tokenize", {}, 400, "invalid_request_error", "prompt"),

@@ -68,10 +68,10 @@ def probe_schedules(kind: NativeTasks, d: Decision, cands: list[Schedule], round
     held: dict[tuple[str, str], np.ndarray] = {}  # weights in the layouts the kernels read
 
     def bind(ref: Ref) -> np.ndarray:
-        if isinstance(ref, State):  # the decode phases' tail writes its tokens into the tokens input
+        if isinstance(ref, State):  # the tail's token mask (at its default: every token), the tokens it writes
             s = phase.state[ref.name]
-            return arrays.setdefault(ref.name, np.zeros([x if isinstance(x, int) else dims[x] for x in s.shape],
-                                                        np.int32))
+            return arrays.setdefault(ref.name, np.full([x if isinstance(x, int) else dims[x] for x in s.shape],
+                                                       s.default or 0, np.int32))
         if isinstance(ref, Buf):
             b = phase.buffers[ref.index]
             shp = tuple(x if isinstance(x, int) else dims[x] for x in b.shape)

@@ -1,13 +1,14 @@
-"""The fused tail (codegen/kernels/tail.cu): op `tail_argmax`, the greedy next token of each row:
-argmax(pack[format](rmsnorm[eps](x, norm)) . head^T), one int32 per row.
+"""The fused tail (codegen/kernels/tail.cu): op `tail_argmax`, the next token of each row:
+argmax(pack[format](rmsnorm[eps](x, norm)) . head^T) over the tokens the row's mask allows, one int32
+per row (the launch contract: codegen/operands.py Tail).
 
 The head is the largest weight a decode step reads: launch 2 reads it once, as the mat-vec reads a
 weight, and keeps only one (logit, index) pair per block and row, so no logits reach memory. CPU
 twin: runtime/numpy_kernels.py tail_argmax. Three launches:
   1. lp_tail_pack_<format>: grid (rows,), THREADS threads; args x, norm, the packed scratch, rows, k, eps.
   2. lp_tail_logits_<head format>_c<C>: grid (ceil(vocab / SLICE), ceil(rows / C)), WAVES waves (as the
-     mat-vec); args the packed scratch, the head ({"weight": name, "layout": "planar"}), the pairs
-     scratch, rows, k, vocab, SLICE.
+     mat-vec); args the packed scratch, the head ({"weight": name, "layout": "planar"}), the mask, the
+     pairs scratch, rows, k, vocab, SLICE.
   3. lp_tail_argmax_reduce: grid (rows,), THREADS threads; args the pairs scratch, out, the block count
      of launch 2.
 
@@ -30,6 +31,7 @@ from llmplan.core.plan_records import Launch, Weight, grid_dim
 from .. import operands
 from ..format_header import act_code, weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
+from ..operands import declare
 from .matvec import FORMATS, columns, launch_bounds, piece
 from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
 
@@ -52,9 +54,9 @@ def pack_kernel(act: str) -> Kernel:
 def logits_kernel(fmt: str, c: int, target: Any) -> Kernel:
     name = f"lp_tail_logits_{fmt.lower()}_c{c}"
     threads = WAVES * target.wave
-    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, LpBest* part, "
-             f"int rows, int k, int vocab, int slice) "
-             f"{{ lp_tail_logits<{weight_code(fmt)}, {c}>(x, head, part, rows, k, vocab, slice); }}")
+    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, "
+             f"{declare((operands.TAIL_MASK,))}, LpBest* part, int rows, int k, int vocab, int slice) "
+             f"{{ lp_tail_logits<{weight_code(fmt)}, {c}>(x, head, mask, part, rows, k, vocab, slice); }}")
     expects = ("dot4", "load128") if fmt != "F16" else ("load128",)
     return Kernel(name, "tail_argmax", "tail.cu", entry, threads, expects)
 
@@ -75,7 +77,7 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
         KernelLaunch(pack_kernel(t.act), (grid_dim(t.rows),),
                      [t.x, t.norm, packed, scalar(t.rows), scalar(t.k), scalar(t.eps, "f32")]),
         KernelLaunch(logits_kernel(t.fmt, c, ctx.target), (blocks, grid_dim(t.rows, c)),
-                     [packed, Weight(t.head.name, "planar"), part, scalar(t.rows), scalar(t.k), scalar(t.vocab),
-                      scalar(SLICE)]),
+                     [packed, Weight(t.head.name, "planar"), t.mask, part, scalar(t.rows), scalar(t.k),
+                      scalar(t.vocab), scalar(SLICE)]),
         KernelLaunch(reduce_kernel(), (grid_dim(t.rows),), [part, t.out, scalar(blocks)]),
     ]

@@ -1,5 +1,6 @@
-// tail.cu: the fused tail, greedy next token of each row: argmax over the vocabulary of
-// pack(rmsnorm(x, norm)) . head^T. CPU twin: runtime/numpy_kernels.py tail_argmax.
+// tail.cu: the fused tail, the next token of each row: argmax of pack(rmsnorm(x, norm)) . head^T over
+// the tokens the row's mask allows (one bit per token, bit t % 32 of word t / 32; a free row's mask
+// allows all). CPU twin: runtime/numpy_kernels.py tail_argmax.
 //
 // Three kernels:
 //  1. lp_tail_pack: grid (rows); one block per row writes pack(rmsnorm(x, norm)) to a scratch buffer
@@ -7,7 +8,8 @@
 //     norm.cu's lp_rmsnorm_pack itself; f16 uses the same norm (lp_rms_scale) then rounds to f16.
 //  2. lp_tail_logits: grid (ceil(vocab / slice), ceil(rows / C)); the waves of a block take the head rows
 //     of its vocabulary slice, one row per wave (quant.cuh's lp_row_dot, exactly as the mat-vec), and
-//     keep the best (logit, index) per activation row; each block writes its best to part[row][block].
+//     keep the best allowed (logit, index) per activation row; each block writes its best to
+//     part[row][block] (lp_no_best where its slice allows nothing).
 //  3. lp_tail_reduce: grid (rows); one block reduces a row's partial bests to one int32.
 // "Best" is np.argmax's order (common.cuh lp_better): the largest value, a NaN before any number, the lower index
 // on ties; it is a total order, so the split into slices and waves cannot change the answer.
@@ -37,8 +39,8 @@ __device__ void lp_tail_pack(const float* __restrict__ x, const float* __restric
 
 // HF: the head's format; C: activation rows per block. xp: kernel 1's packed rows.
 template <int HF, int C>
-__device__ void lp_tail_logits(const void* xp, const void* head, LpBest* __restrict__ part, int rows, int k, int vocab,
-                               int slice) {
+__device__ void lp_tail_logits(const void* xp, const void* head, const unsigned* __restrict__ mask,
+                               LpBest* __restrict__ part, int rows, int k, int vocab, int slice) {
   constexpr int ACT = LpWeight<HF>::ACT;
   __shared__ LpBest wave_best[32 * C];
   const int col0 = lp_bid_y() * C, ncols = lp_min(C, rows - col0);
@@ -56,9 +58,12 @@ __device__ void lp_tail_logits(const void* xp, const void* head, LpBest* __restr
     const int row = lp_min(r0 + lp_wave(), end - 1);
     float logit[C];
     lp_row_dot<HF, C>(w, row, xs, ncols, logit);  // every lane holds every column's logit
+    const size_t words = ((size_t)vocab + 31) / 32;
     #pragma unroll
-    for (int c = 0; c < C; ++c)
-      if (lp_better(logit[c], row, best[c].v, best[c].i)) best[c] = {logit[c], row};
+    for (int c = 0; c < C; ++c) {
+      const bool allowed = c < ncols && (mask[(size_t)(col0 + c) * words + row / 32] >> (row % 32) & 1u);
+      if (allowed && lp_better(logit[c], row, best[c].v, best[c].i)) best[c] = {logit[c], row};
+    }
   }
   if (lp_lane() == 0) {
     #pragma unroll
