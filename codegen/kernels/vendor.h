@@ -68,6 +68,18 @@
   #endif
   }
   __device__ __forceinline__ int lp_atomic_add(int* p, int v) { return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+  // the bytes of the 16-byte table t0..t3 at the 4-bit indices of q (8 nibbles): lo those of the low
+  // nibbles of q's bytes 0..3, hi those of the high nibbles. v_perm_b32 picks bytes by 3-bit indices
+  // from the table's halves; a third picks each result's half by the index's bit 3.
+  __device__ __forceinline__ void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3,
+                                              uint32_t& lo, uint32_t& hi) {
+    const auto look = [&](uint32_t i) {
+      const uint32_t low = __builtin_amdgcn_perm(t1, t0, i & 0x07070707u), high = __builtin_amdgcn_perm(t3, t2, i & 0x07070707u);
+      return __builtin_amdgcn_perm(high, low, 0x03020100u | ((i & 0x08080808u) >> 1));
+    };
+    lo = look(q);
+    hi = look(q >> 4);
+  }
 #else
   #include <cuda_fp16.h>
   #define LP_CUDA 1
@@ -89,6 +101,21 @@
   template <typename T> __device__ __forceinline__ T lp_shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
   __device__ __forceinline__ int lp_dot4(int a, int b, int c) { return __dp4a(a, b, c); }
   __device__ __forceinline__ int lp_atomic_add(int* p, int v) { return atomicAdd(p, v); }
+  // lp_lookup16 as on AMD, with __byte_perm (prmt), which reads the 3 low bits of 4 nibble indices: each
+  // pair of q's bytes is looked up in both table halves and its bytes' halves picked by the indices' bit 3
+  // (llama.cpp's get_int_from_table_16), then the values sorted into low and high nibbles' words.
+  __device__ __forceinline__ void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3,
+                                              uint32_t& lo, uint32_t& hi) {
+    const uint32_t half = 0x32103210u | ((q & 0x88888888u) >> 1);
+    uint32_t v[2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t s = q >> (16 * i);
+      v[i] = __byte_perm(__byte_perm(t0, t1, s), __byte_perm(t2, t3, s), half >> (16 * i));
+    }
+    lo = __byte_perm(v[0], v[1], 0x6420);
+    hi = __byte_perm(v[0], v[1], 0x7531);
+  }
 #endif
 
 #define LP_KERNEL extern "C" __global__
