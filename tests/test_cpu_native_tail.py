@@ -19,7 +19,7 @@ from llmplan.runtime import numpy_kernels as ck
 
 from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 
-HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
+HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16", "IQ4_NL", "IQ4_XS"]
 
 
 def catalog():
