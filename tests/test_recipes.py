@@ -2,11 +2,8 @@
 Llama-3.1-8B shape whose Q4_K_M layout is well known, and (IQ4_NL, IQ4_XS) on what llama.cpp's quantizer
 makes of our own F32 models, tensor bytes included."""
 
-import ctypes
-
 import numpy as np
 import pytest
-from gguf import LlamaFileType
 
 from conftest import TINY_BPE, TINY_SPM
 from llmplan.commands import llama_cpp
@@ -85,14 +82,6 @@ def test_iq4_rules():
     assert f["blk.1.ffn_down.weight"] == "Q5_K"
 
 
-def _llama_cpp_quantize(src, dst, recipe):
-    import llama_cpp as lc
-
-    p = lc.llama_model_quantize_default_params()
-    p.ftype, p.nthread = int(getattr(LlamaFileType, f"MOSTLY_{recipe}")), 2
-    assert lc.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(p)) == 0
-
-
 @pytest.mark.skipif(not llama_cpp.available(), reason="llama-cpp-python is not installed (not a dependency)")
 @pytest.mark.parametrize("preset, overrides", [("tiny-llama3", {"n_layers": "8"}), ("tiny-gemma3", {"dim": "384"})],
                          ids=["tiny-llama3", "tiny-gemma3-384"])
@@ -104,7 +93,7 @@ def test_iq4_models_are_llama_cpps_quantization_of_the_same_floats(tmp_path, pre
     for recipe in ("IQ4_NL", "IQ4_XS"):
         ours, theirs = tmp_path / f"{recipe}.gguf", tmp_path / f"{recipe}.llama.gguf"
         plan_build(ours, preset, recipe, overrides=overrides).write(progress=False)
-        _llama_cpp_quantize(tmp_path / "f32.gguf", theirs, recipe)
+        llama_cpp.quantize(tmp_path / "f32.gguf", theirs, recipe)
         a, b = GGUFFile(ours), GGUFFile(theirs)
         assert {n: t.type for n, t in a.tensors.items()} == {n: t.type for n, t in b.tensors.items()}
         assert recipe in {t.type.name for t in a.tensors.values()}
