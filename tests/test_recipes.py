@@ -15,9 +15,9 @@ from llmplan.models.presets import preset_config
 from llmplan.models.recipes import tensor_formats, use_more_bits
 
 
-def _table(path):
+def _table(path, recipe="Q4_K_M"):
     m = open_model(path)
-    ours = tensor_formats(m.config, "Q4_K_M", expected_tensors(m.config))
+    ours = tensor_formats(m.config, recipe, expected_tensors(m.config))
     return {n: f.name for n, f in ours.items()}, {n: t.type.name for n, t in m.weights.items()}
 
 
@@ -34,6 +34,15 @@ def test_q4_k_m_matches_real_gemma3(gemma3_path):
     ours, theirs = _table(gemma3_path)
     assert ours == theirs
     assert theirs["token_embd.weight"] == "Q8_0"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not llama_cpp.available(), reason="llama-cpp-python is not installed (not a dependency)")
+def test_iq4_xs_matches_llama_cpp_requantizing_real_gemma3(gemma3_path, tmp_path):
+    llama_cpp.quantize(gemma3_path, tmp_path / "iq4_xs.gguf", "IQ4_XS", requantize=True)
+    ours, theirs = _table(tmp_path / "iq4_xs.gguf", "IQ4_XS")
+    assert ours == theirs
+    assert set(theirs.values()) == {"IQ4_XS", "IQ4_NL", "Q5_K", "Q5_1", "Q8_0", "F32"}
 
 
 def test_use_more_bits_schedule():
