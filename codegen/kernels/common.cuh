@@ -117,6 +117,22 @@ template <class B> __device__ __forceinline__ int lp_q3k_scale(B byte, int j) {
   return (lo | (hi << 4)) - 32;
 }
 
+#if defined(LP_HIP)
+// the bytes of the 16-byte table t0..t3 at the 4-bit indices of q (8 nibbles): lo those of the low
+// nibbles of q's bytes 0..3, hi those of the high nibbles (NVIDIA's and the CPU's: their vendor headers).
+// On AMD, and so on the emulated GPU: v_perm_b32 picks bytes by 3-bit indices from each table half, and a
+// third picks each byte's half by its index's bit 3.
+__device__ __forceinline__ void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3,
+                                            uint32_t& lo, uint32_t& hi) {
+  const auto look = [&](uint32_t i) {
+    const uint32_t low = lp_perm(t1, t0, i & 0x07070707u), high = lp_perm(t3, t2, i & 0x07070707u);
+    return lp_perm(high, low, 0x03020100u | ((i & 0x08080808u) >> 1));
+  };
+  lo = look(q);
+  hi = look(q >> 4);
+}
+#endif
+
 // IQ4_NL / IQ4_XS: the codebook values (formats.h LP_IQ4_W0..3) of the 4-bit indices in q as int8 bytes:
 // lo those of the low nibbles of q's bytes 0..3, hi those of the high nibbles
 __device__ __forceinline__ void lp_iq4_values(uint32_t q, uint32_t& lo, uint32_t& hi) {

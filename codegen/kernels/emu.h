@@ -328,16 +328,16 @@ inline int lp_dot4(int a, int b, int c) {
 }
 inline int lp_atomic_add(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
-// the bytes of the 16-byte table t0..t3 at the 4-bit indices of q (8 nibbles): lo those of the low
-// nibbles of q's bytes 0..3, hi those of the high nibbles (vendor.h's byte permutes, one byte at a time)
-inline void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3, uint32_t& lo, uint32_t& hi) {
-  const uint32_t t[4] = {t0, t1, t2, t3};
-  lo = hi = 0;
-  for (int b = 0; b < 8; ++b) {
-    const uint32_t i = (q >> (4 * b)) & 0xF, v = (t[i / 4] >> (8 * (i % 4))) & 0xFF;
-    if (b % 2) hi |= v << (8 * (b / 2));
-    else lo |= v << (8 * (b / 2));
+// v_perm_b32 (vendor.h), for the selectors the kernels use: bytes 0..7 of hi:lo
+inline uint32_t lp_perm(uint32_t hi, uint32_t lo, uint32_t sel) {
+  const uint64_t both = (uint64_t)hi << 32 | lo;
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (sel >> (8 * i)) & 0xFF;
+    if (s > 7) lp_emu::fail("lp_perm: a v_perm_b32 selector byte above 7 is not emulated");
+    out |= (uint32_t)(both >> (8 * (s & 7)) & 0xFF) << (8 * i);
   }
+  return out;
 }
 
 inline float lp_sqrt(float x) { return __builtin_sqrtf(x); }
