@@ -85,8 +85,8 @@ FORMATS: dict[str, Format] = {
         Format("Q6_K", T.Q6_K, QK_K, _layout(("ql", U8, 128), ("qh", U8, 64), ("scales", I8, 16), ("d", F16_)),
                sub=16),
         Format("IQ4_NL", T.IQ4_NL, 32, _layout(("d", F16_), ("qs", U8, 16))),
-        Format("IQ4_XS", T.IQ4_XS, QK_K, _layout(("d", F16_), ("scales_h", "<u2"), ("scales_l", U8, 4), ("qs", U8, 128)),
-               sub=32),
+        Format("IQ4_XS", T.IQ4_XS, QK_K,
+               _layout(("d", F16_), ("scales_h", "<u2"), ("scales_l", U8, 4), ("qs", U8, 128)), sub=32),
     ]
 }
 _BY_TYPE = {f.type: f for f in FORMATS.values()}

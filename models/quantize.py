@@ -352,7 +352,8 @@ def _iq4_xs(x: np.ndarray, b: np.ndarray) -> None:
     L = _iq4_index(_inverse(dl) * x.reshape(n, 8, 32)).reshape(n, QK_K)
     ls = (ls + 32).astype(U8)
     b["scales_l"] = _pack_nibbles(ls, 1)
-    b["scales_h"] = ((ls >> U8(4)).astype(np.uint16) << np.arange(0, 16, 2, dtype=np.uint16)).sum(axis=1, dtype=np.uint16)
+    high = (ls >> U8(4)).astype(np.uint16) << np.arange(0, 16, 2, dtype=np.uint16)
+    b["scales_h"] = high.sum(axis=1, dtype=np.uint16)
     b["qs"] = _pack_nibbles(L, 16)
 
 
