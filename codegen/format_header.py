@@ -108,8 +108,8 @@ def render() -> str:
         "",
         "// IQ4_NL and IQ4_XS: the value each 4-bit index i stands for (core/formats.py KVALUES_IQ4NL), as a",
         "// 16-byte table for byte permutes and pshufb: value i is byte i % 4 of LP_IQ4_W<i / 4>",
-        "static constexpr uint32_t " + ", ".join(f"LP_IQ4_W{i} = 0x{w:08x}u" for i, w in enumerate(codebook_words()))
-        + ";",
+        "static constexpr uint32_t "
+        + ",\n    ".join(f"LP_IQ4_W{i} = 0x{w:08x}u" for i, w in enumerate(codebook_words())) + ";",
     ]
     lines += [
         "",

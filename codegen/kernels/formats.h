@@ -117,7 +117,10 @@ template <> struct LpFormat<LP_FMT_IQ4_XS> {  // d f16, scales_h u16, scales_l u
 
 // IQ4_NL and IQ4_XS: the value each 4-bit index i stands for (core/formats.py KVALUES_IQ4NL), as a
 // 16-byte table for byte permutes and pshufb: value i is byte i % 4 of LP_IQ4_W<i / 4>
-static constexpr uint32_t LP_IQ4_W0 = 0xbfad9881u, LP_IQ4_W1 = 0xf6eaddcfu, LP_IQ4_W2 = 0x26190d01u, LP_IQ4_W3 = 0x71594535u;
+static constexpr uint32_t LP_IQ4_W0 = 0xbfad9881u,
+    LP_IQ4_W1 = 0xf6eaddcfu,
+    LP_IQ4_W2 = 0x26190d01u,
+    LP_IQ4_W3 = 0x71594535u;
 
 // weights held in rows16 records (codegen/cpu/rows16.h): the code of each (256 + its format's),
 // the weight rows of a record and each record's bytes
