@@ -20,7 +20,7 @@ from llmplan.runtime import numpy_kernels as ck
 from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from launch_records import lowered, wire
 
-HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
+HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16", "IQ4_NL", "IQ4_XS"]
 
 
 def catalog():
