@@ -3,12 +3,16 @@ llama-cpp-python is importable (it is not a dependency of llmplan)."""
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from llmplan.core.errors import InputError
 
 
 def available() -> bool:
@@ -23,6 +27,19 @@ def load(model: str, n_ctx: int, threads: int | None = None, **settings: Any):
     threads = threads or _threads()
     opts = {"n_ctx": n_ctx, "n_batch": 512, "n_threads": threads, "n_threads_batch": threads, "flash_attn": False}
     return llama_cpp.Llama(model, verbose=False, **(opts | settings))
+
+
+def quantize(src: str | Path, dst: str | Path, recipe: str, requantize: bool = False) -> None:
+    """llama.cpp's own quantizer (llama_model_quantize, no importance matrix) writing `src` to `dst` with
+    its recipe `recipe` (Q4_K_M, IQ4_XS, ...: its LLAMA_FTYPE_MOSTLY_ names); `requantize` lets it start
+    from quantized tensors (dequantized to float32 first)."""
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{recipe}")
+    params.allow_requantize = requantize
+    if llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), ctypes.byref(params)) != 0:
+        raise InputError(f"llama.cpp could not quantize {src} to {recipe}")
 
 
 def version() -> str:

@@ -84,9 +84,16 @@ FORMATS: dict[str, Format] = {
                _layout(("d", F16_), ("dmin", F16_), ("scales", U8, 12), ("qh", U8, 32), ("qs", U8, 128)), sub=32),
         Format("Q6_K", T.Q6_K, QK_K, _layout(("ql", U8, 128), ("qh", U8, 64), ("scales", I8, 16), ("d", F16_)),
                sub=16),
+        Format("IQ4_NL", T.IQ4_NL, 32, _layout(("d", F16_), ("qs", U8, 16))),
+        Format("IQ4_XS", T.IQ4_XS, QK_K,
+               _layout(("d", F16_), ("scales_h", "<u2"), ("scales_l", U8, 4), ("qs", U8, 128)), sub=32),
     ]
 }
 _BY_TYPE = {f.type: f for f in FORMATS.values()}
+
+# IQ4_NL and IQ4_XS: the value each 4-bit index stands for (llama.cpp's kvalues_iq4nl, ggml-common.h), a
+# non-linear grid, denser near zero where most weights lie
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 
 # Activations packed for a weight's dot product (llama.cpp's vec_dot types): Q8_0 as above, Q8_1 adds
 # the block's scaled sum for formats with a min, Q8_K is the 256-value block the K-quants take.
@@ -102,11 +109,13 @@ ACTIVATION_FORMATS: dict[str, Format] = {
 
 # The activation format each weight format's dot product takes, as in llama.cpp's CPU backend:
 # 32-value blocks with an f16 scale (q8_0; q8_1 adds the block sum for formats with a min) for the
-# 32-value weight formats, 256-value blocks with an f32 scale (q8_k) for the K-quants.
+# 32-value weight formats, 256-value blocks with an f32 scale (q8_k) for the K-quants and IQ4_XS
+# (ggml_vec_dot_iq4_nl_q8_0, ggml_vec_dot_iq4_xs_q8_K).
 ACTIVATION_FORMAT = {
     "f32": "f32", "f16": "f16", "bf16": "bf16",
     "q4_0": "q8_0", "q5_0": "q8_0", "q8_0": "q8_0", "q4_1": "q8_1", "q5_1": "q8_1",
     "q2_k": "q8_k", "q3_k": "q8_k", "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k",
+    "iq4_nl": "q8_0", "iq4_xs": "q8_k",
 }
 PACK_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}  # values per packed block
 # The activation formats a kernel takes or stores, in the order the kernels number them (LP_ACT_*): the
@@ -201,6 +210,19 @@ def q3k_scales(scales: np.ndarray) -> np.ndarray:
     return ((lo | (hi << np.uint8(4))).astype(np.int8) - np.int8(32)).reshape(n, 16)
 
 
+def iq4xs_scales(b: np.ndarray) -> np.ndarray:
+    """IQ4_XS: the eight signed 6-bit sub-block scales [n, 8]: the low 4 bits are nibble j % 2 of
+    scales_l[j / 2], the high 2 bits j of scales_h's 2-bit fields, stored + 32."""
+    lo = nibbles(np.ascontiguousarray(b["scales_l"]), 1)
+    hi = (b["scales_h"].reshape(-1, 1) >> np.arange(0, 16, 2, dtype=np.uint16)).astype(np.uint8) & np.uint8(3)
+    return (lo | (hi << np.uint8(4))).astype(np.int8) - np.int8(32)
+
+
+def iq4_values(idx: np.ndarray) -> np.ndarray:
+    """The int8 codebook values of 4-bit indices."""
+    return np.array(KVALUES_IQ4NL, np.int8)[idx]
+
+
 # --- dequantization ----------------------------------------------------------------------------
 
 def _f32(x: np.ndarray) -> np.ndarray:
@@ -283,12 +305,23 @@ def _q6_k(b):
     return (d * _f32(q).reshape(n, 16, 16)).reshape(n, QK_K)
 
 
+def _iq4_nl(b):
+    return _col(b["d"]) * _f32(iq4_values(nibbles(b["qs"], 16)))
+
+
+def _iq4_xs(b):
+    n = b.shape[0]
+    dl = (_col(b["d"]) * _f32(iq4xs_scales(b))).reshape(n, 8, 1)
+    return (dl * _f32(iq4_values(nibbles(b["qs"], 16))).reshape(n, 8, 32)).reshape(n, QK_K)
+
+
 _DEQUANT: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "F32": lambda b: b["v"].astype(np.float32),
     "F16": lambda b: b["v"].astype(np.float32),
     "BF16": lambda b: (b["v"].astype(np.int32) << 16).view(np.float32),
     "Q4_0": _q4_0, "Q4_1": _q4_1, "Q5_0": _q5_0, "Q5_1": _q5_1, "Q8_0": _q8_0,
     "Q2_K": _q2_k, "Q3_K": _q3_k, "Q4_K": _q4_k, "Q5_K": _q5_k, "Q6_K": _q6_k,
+    "IQ4_NL": _iq4_nl, "IQ4_XS": _iq4_xs,
 }
 
 _CHUNK_BLOCKS = 1 << 16  # bounds the temporaries when dequantizing a large tensor

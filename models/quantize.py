@@ -3,7 +3,10 @@
 `quantize` ports llama.cpp's reference quantizers (`quantize_row_*_ref` in ggml-quants.c) operation
 for operation in float32, vectorized over every block at once. Its bytes equal gguf-py's
 `gguf.quants.quantize` for the formats gguf-py has (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, BF16, F16, F32)
-and ggml's C reference for Q4_K, Q5_K and Q6_K when that is compiled without FMA contraction.
+and ggml's C reference for Q4_K, Q5_K and Q6_K when that is compiled without FMA contraction. IQ4_NL
+and IQ4_XS port `quantize_iq4_nl` / `quantize_iq4_xs` without an importance matrix (what
+`llama_model_quantize` writes; `quantize_row_iq4_xs_ref` is the same), whose bytes the tests check
+against llama.cpp's own library.
 Two deliberate departures keep the output finite for any finite input, where the C code would
 store an infinite float16 scale or hit undefined behaviour: values beyond what a format can represent
 are clipped to its range first, and a scale whose reciprocal overflows float32 gets a clamped one.
@@ -24,7 +27,7 @@ from typing import Callable
 import numpy as np
 
 from llmplan.core.errors import FormatError, InputError
-from llmplan.core.formats import QK_K, Format, format_of
+from llmplan.core.formats import KVALUES_IQ4NL, QK_K, Format, format_of
 
 F32 = np.float32
 U8 = np.uint8
@@ -294,6 +297,66 @@ def _q6_k(x: np.ndarray, b: np.ndarray) -> None:
     b[np.abs(max_scale) < _GROUP_MAX_EPS] = np.zeros((), b.dtype)  # C zeroes all-zero blocks
 
 
+# --- non-linear 4-bit formats ----------------------------------------------------------------
+# ggml's quantize_row_iq4_nl_impl with ntry = 7 and no quant weights (weights x^2), sub-blocks value-major
+# as the K formats'.
+
+_IQ4_VALUES = np.array(KVALUES_IQ4NL, F32)
+_IQ4_TRIES = 7
+
+
+def _iq4_index(v: np.ndarray) -> np.ndarray:
+    """ggml's best_index_int8 over the codebook: the nearest value's index, the upper one unless the lower
+    is strictly nearer, in float32."""
+    mu = np.clip(np.searchsorted(_IQ4_VALUES, v, side="right"), 1, 15)
+    lower = (v - _IQ4_VALUES[mu - 1]) < (_IQ4_VALUES[mu] - v)
+    return np.where(v <= _IQ4_VALUES[0], 0, np.where(v >= _IQ4_VALUES[15], 15, mu - lower)).astype(U8)
+
+
+def _iq4_fit(xs: np.ndarray, w: np.ndarray, iscale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """sum w q x and sum w q^2 over each column, q the codebook value nearest iscale * x."""
+    q = _IQ4_VALUES[_iq4_index(iscale * xs)]
+    return (w * q * xs).sum(axis=0), (w * q * q).sum(axis=0)
+
+
+def _iq4_scales(xs: np.ndarray) -> np.ndarray:
+    """The least-squares scale of each 32-value column: from d = max / 127, then the 2 * 7 + 1 trial
+    reciprocals (try - 127) / max, keeping a trial that fits better; 0 for all-zero columns."""
+    w = xs * xs
+    mx = _signed_absmax(xs, 0)
+    sumqx, sumq2 = _iq4_fit(xs, w, F32(1) / (-mx / _IQ4_VALUES[0]))
+    d = np.where(sumq2 > 0, sumqx / sumq2, F32(0))
+    best = d * sumqx
+    for step in range(-_IQ4_TRIES, _IQ4_TRIES + 1):
+        sumqx, sumq2 = _iq4_fit(xs, w, F32(step + KVALUES_IQ4NL[0]) / mx)
+        take = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+        d = np.where(take, sumqx / sumq2, d)
+        best = np.where(take, d * sumqx, best)
+    return np.where(np.abs(xs).max(axis=0) < _GROUP_MAX_EPS, F32(0), d)
+
+
+def _iq4_nl(x: np.ndarray, b: np.ndarray) -> None:
+    d = _iq4_scales(_sub_blocks(x, 32))
+    b["d"] = d
+    b["qs"] = _pack_nibbles(_iq4_index(_inverse(d)[:, None] * x), 16)
+
+
+def _iq4_xs(x: np.ndarray, b: np.ndarray) -> None:
+    n = x.shape[0]
+    scales = _iq4_scales(_sub_blocks(x, 32)).reshape(n, 8)
+    mx = _signed_absmax(scales, 1)
+    d = -np.where(mx != 0, mx, F32(0)) / F32(32)  # ggml keeps its +0 start where every |scale| is 0
+    b["d"] = d
+    ls = np.clip(_nearest_int(_inverse(d)[:, None] * scales), -32, 31)
+    dl = (d[:, None] * ls.astype(F32)).reshape(n, 8, 1)  # the unrounded d, as ggml
+    L = _iq4_index(_inverse(dl) * x.reshape(n, 8, 32)).reshape(n, QK_K)
+    ls = (ls + 32).astype(U8)
+    b["scales_l"] = _pack_nibbles(ls, 1)
+    high = (ls >> U8(4)).astype(np.uint16) << np.arange(0, 16, 2, dtype=np.uint16)
+    b["scales_h"] = high.sum(axis=1, dtype=np.uint16)
+    b["qs"] = _pack_nibbles(L, 16)
+
+
 # --- public entry points ----------------------------------------------------------------------
 
 # name -> (quantizer, largest magnitude the format holds with finite float16 scales)
@@ -309,6 +372,10 @@ _QUANTIZERS: dict[str, tuple[Callable, float]] = {
     "Q4_K": (_q4_k, _K_LIMIT),
     "Q5_K": (_q5_k, _K_LIMIT),
     "Q6_K": (_q6_k, _K_LIMIT),
+    # a scale is a weighted mean of x / q, each below max / 17 (the index of value 1 takes |iscale * x| up
+    # to 7, and |iscale| >= 120 / max); IQ4_XS stores the largest / 32
+    "IQ4_NL": (_iq4_nl, 16 * F16_MAX),
+    "IQ4_XS": (_iq4_xs, 16 * 32 * F16_MAX),
 }
 _FLOAT_FORMATS = ("F32", "F16", "BF16")
 QUANTIZABLE: tuple[str, ...] = tuple(_QUANTIZERS)  # the formats `quantize` writes
@@ -374,8 +441,8 @@ def _block_scales(rng: np.random.Generator, n: int, rms: float, signed: bool) ->
 
 
 def _symmetric_fill(q_ms: float, sub_ms: float = 1.0) -> Callable:
-    """Q8_0, Q4_0, Q5_0, Q3_K, Q6_K: any sub-block scales stay random too. The centred quants have
-    mean -1/2, so d takes a random sign to make the mean zero."""
+    """Q8_0, Q4_0, Q5_0, Q3_K, Q6_K, IQ4_NL, IQ4_XS: any sub-block scales stay random too. The centred
+    quants have mean -1/2 (the codebook's -5.9), so d takes a random sign to make the mean zero."""
 
     def fill(b: np.ndarray, rng: np.random.Generator, std: float) -> None:
         b["d"] = _block_scales(rng, b.shape[0], std / np.sqrt(q_ms * sub_ms), signed=True)
@@ -416,6 +483,8 @@ def _fill_q2_k(b: np.ndarray, rng: np.random.Generator, std: float) -> None:
     b["d"], b["dmin"] = d, d * F32(1.5)
 
 
+_IQ4_MS = float(np.mean(np.square(_IQ4_VALUES)))  # mean square of a uniformly drawn codebook value
+
 _RANDOM_FILL: dict[str, Callable] = {
     "Q8_0": _symmetric_fill(_ms(-128, 127)),
     "Q4_0": _symmetric_fill(_ms(-8, 7)),
@@ -427,6 +496,8 @@ _RANDOM_FILL: dict[str, Callable] = {
     "Q4_K": _k_fill(16),
     "Q5_K": _k_fill(32),
     "Q6_K": _symmetric_fill(_ms(-32, 31), _ms(-128, 127)),
+    "IQ4_NL": _symmetric_fill(_IQ4_MS),
+    "IQ4_XS": _symmetric_fill(_IQ4_MS, _ms(-32, 31)),
 }
 
 

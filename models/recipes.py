@@ -20,9 +20,12 @@ RECIPES: dict[str, tuple[str, LlamaFileType]] = {
     "Q8_0": ("Q8_0", LlamaFileType.MOSTLY_Q8_0),
     "Q6_K": ("Q6_K", LlamaFileType.MOSTLY_Q6_K),
     "Q4_K_M": ("Q4_K", LlamaFileType.MOSTLY_Q4_K_M),
+    "IQ4_NL": ("IQ4_NL", LlamaFileType.MOSTLY_IQ4_NL),
+    "IQ4_XS": ("IQ4_XS", LlamaFileType.MOSTLY_IQ4_XS),
 }
 # llama.cpp's tensor_type_fallback for rows whose length the block size does not divide
-_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0"}
+_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "Q4_0", "Q3_K": "Q4_0", "IQ4_XS": "IQ4_NL"}
+_IQ4 = ("IQ4_NL", "IQ4_XS")
 
 
 def use_more_bits(i: int, n: int) -> bool:
@@ -70,6 +73,8 @@ def tensor_formats(c: ModelConfig, recipe: str, shapes: dict[str, tuple[int, ...
         elif _is_attn_v(name):
             if recipe == "Q4_K_M" and use_more_bits(i_attn_v, n_attn_v):
                 fmt = "Q6_K"
+            elif recipe in _IQ4 and c.n_heads // c.n_kv_heads >= 4:  # llama.cpp's n_gqa()
+                fmt = "Q5_K"
             if _is_type_70b(c) and fmt in ("Q3_K", "Q4_K"):
                 fmt = "Q5_K"
             i_attn_v += 1
@@ -77,6 +82,8 @@ def tensor_formats(c: ModelConfig, recipe: str, shapes: dict[str, tuple[int, ...
             layer = int(name.split(".")[1])
             if recipe == "Q4_K_M" and use_more_bits(layer, c.n_layers):
                 fmt = "Q6_K"
+            elif recipe in _IQ4 and layer < c.n_layers // 8:  # without an importance matrix
+                fmt = "Q5_K"
         if not _fits(fmt, ncols):
             fmt = _FALLBACK.get(fmt, fmt)
             if not _fits(fmt, ncols):

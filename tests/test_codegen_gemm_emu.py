@@ -34,7 +34,8 @@ FORMATS = list(gemm.WEIGHT_FORMATS)
 TIGHT = 1e-9
 TARGET = {"mma": "sm_90", "wmma": "gfx1151", "plain": "gfx942"}
 MEMBER = {"mma": "mma_128x128", "wmma": "mma_64x128", "plain": "dot4_64x64"}
-SEGMENTS = [("q4_k", "q4_k", "q6_k"), ("q8_0", "q5_0", "q4_0"), ("f16", "f16")]
+SEGMENTS = [("q4_k", "q4_k", "q6_k"), ("q8_0", "q5_0", "q4_0"), ("f16", "f16"), ("iq4_xs", "iq4_xs", "q5_k"),
+            ("iq4_nl", "q8_0")]
 
 
 def _kernels(mode: str) -> list:
@@ -115,7 +116,7 @@ def test_matmul_matches_the_cpu_twin(mode, fmt, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0", "q5_1", "f16"])
+@pytest.mark.parametrize("fmt", ["q4_k", "q6_k", "q8_0", "q5_1", "f16", "iq4_nl", "iq4_xs"])
 @pytest.mark.parametrize("mode,member", [("mma", "mma_64x64"), ("wmma", "mma_128x128")])
 def test_other_tiles(mode, member, fmt, rng):
     got, want = run(mode, "matmul", [fmt], 130, [70], rng, member=member)

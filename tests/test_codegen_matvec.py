@@ -24,7 +24,7 @@ from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import matvec
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
-from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
 from llmplan.runtime.numpy_kernels import matmul as cpu_matmul
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
@@ -34,7 +34,8 @@ from launch_records import lowered, phase_buffers, wire
 
 TIGHT = 1e-9
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q4_K", "Q6_K"], ["Q5_K", "Q3_K", "Q2_K"], ["Q8_0", "Q4_0", "Q5_0"],
-            ["Q4_1", "Q5_1"], ["F16", "F16", "F16"], ["Q6_K", "Q6_K", "Q6_K"]]
+            ["Q4_1", "Q5_1"], ["F16", "F16", "F16"], ["Q6_K", "Q6_K", "Q6_K"], ["IQ4_XS", "IQ4_XS", "Q5_K"],
+            ["IQ4_NL", "Q8_0", "IQ4_NL"]]
 
 
 def context(target, weights: dict, buffers: list) -> Context:
@@ -156,7 +157,7 @@ def test_every_format_and_variant_builds(target):
     b = built(catalog, target)  # no spills, no stack
     assert "matmul" not in t.unsupported
     kernels = catalog(t)
-    assert len(b.manifests) == len(kernels) == 11 * 2 + 2 * 6 + 11 + 1 + len(SEGMENTS) * 2
+    assert len(b.manifests) == len(kernels) == len(matvec.FORMATS) * 3 + 2 * 6 + 1 + len(SEGMENTS) * 2
     for k in kernels:
         m = b.manifests[k.name]
         assert m.shared_bytes == 0, (k.name, m)
@@ -182,7 +183,7 @@ def emu(wave: int):
 
 def k_for(fmt: str) -> int:
     """A row length whose pieces (values per lane and round) outnumber 64 lanes, with a partial last round."""
-    return 256 * 17 if fmt.endswith("_K") else (8 if fmt == "F16" else 32) * 67
+    return 256 * 17 if FORMATS[fmt].block == 256 else (8 if fmt == "F16" else 32) * 67
 
 
 def run_matvec(wave, op, formats, rows, ns, rng, member, residual=False, inplace=False):

@@ -262,7 +262,7 @@ def test_every_catalog_op_is_tested_here():
 
 # --- embed_rows ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fmt", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_1", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_1", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_embed_rows(rng, fmt):
     vocab, n = 37, 512
     raw = quantize(normal(rng, vocab, n), fmt).reshape(-1)  # uint8, as mapped from the file

@@ -20,7 +20,7 @@ from llmplan.codegen.build import BuildError
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
-from llmplan.core.formats import ACTIVATION_FORMAT, dequantize
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS, dequantize
 from llmplan.runtime.numpy_kernels import matmul as twin_matmul
 
 from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
@@ -28,8 +28,9 @@ from kernel_inputs import nmse, random_activation
 from launch_records import lowered, wire
 
 TIGHT = 1e-9
+# q|k|v and gate|up as recipes make them: IQ4_XS keeps a Q5_K attn_v in one launch (both take q8_k)
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K", "Q2_K"], ["Q4_1", "Q5_1"],
-            ["F16", "F16"]]
+            ["F16", "F16"], ["IQ4_XS", "IQ4_XS", "Q5_K"], ["IQ4_NL", "Q8_0"]]
 
 
 def catalog():
@@ -42,7 +43,7 @@ def catalog():
 
 def k_for(fmt: str) -> int:
     """Several blocks per row; float weights with a row that is not a multiple of 8 (the lanes' tail)."""
-    return {"F32": 109, "F16": 109, "BF16": 109}.get(fmt, 256 * 3 if fmt.endswith("_K") else 32 * 13)
+    return {"F32": 109, "F16": 109, "BF16": 109}.get(fmt, 256 * 3 if FORMATS[fmt].block == 256 else 32 * 13)
 
 
 def activation(rng, fmt: str, rows: int, k: int):
@@ -185,7 +186,7 @@ def test_matmul_segmented_matches_the_twin(formats, isa, rng):
 
 @each_compiler
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16"])
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16", "IQ4_NL", "IQ4_XS"])
 def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
     """Batching never changes a row's result: 9 rows at once, each row alone (with each prefetch distance),
     another task size, one thread instead of the pool and each pass width give the same bits."""

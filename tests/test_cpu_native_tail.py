@@ -22,7 +22,7 @@ from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compile
 from kernel_inputs import random_mask
 from launch_records import lowered, wire
 
-HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
+HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16", "IQ4_NL", "IQ4_XS"]
 
 
 def catalog():

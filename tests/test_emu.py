@@ -1,8 +1,9 @@
 """GPU plans run end to end on the emulated GPU (`--device emu`): the plan's own kernels for sm_90 (mma.sync
 fragments), gfx1100 (WMMA) and gfx942 (wave 64) give the CPU plan's greedy tokens and, within
-docs/numerics.md's bound, its prompt logits, on four models that between them have every feature the kernels
+docs/numerics.md's bound, its prompt logits, on six models that between them have every feature the kernels
 specialise on: SPM llama, GQA with rope factors, Gemma 3 (sliding window, GELU, query/key norms, tied
-head) and a mix of the 32-value and K-quant formats. Every run is in poison mode: each launch's outputs,
+head), a mix of the 32-value and K-quant formats, and the IQ4_XS and IQ4_NL recipes (with their Q5_K and
+Q6_K tensors). Every run is in poison mode: each launch's outputs,
 scratch and K/V cells are NaN before it and must be fully written after it."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ MIX = {"blk.0.attn_q.weight": "Q2_K", "blk.0.attn_k.weight": "Q3_K", "blk.0.attn
        "blk.0.attn_output.weight": "Q5_0", "blk.0.ffn_gate.weight": "Q8_0", "blk.0.ffn_up.weight": "Q5_0",
        "blk.0.ffn_down.weight": "Q3_K", "blk.1.attn_q.weight": "Q5_K", "blk.1.attn_k.weight": "Q2_K",
        "blk.1.attn_v.weight": "Q8_0", "blk.1.ffn_down.weight": "Q2_K", "output.weight": "Q5_K"}
+IQ4 = {"iq4_xs": "IQ4_XS", "iq4_nl": "IQ4_NL"}  # model name -> the recipe it is made with
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +55,8 @@ def model(tmp_path_factory):
             path = root / f"{name}.gguf"
             if name == "tiny-gemma3":
                 plan_build(path, "tiny-gemma3").write(progress=False)
+            elif name in IQ4:
+                plan_build(path, "tiny-llama3", IQ4[name]).write(progress=False)
             else:
                 plan_build(path, "tiny-llama3", formats=MIX, weights="blocks").write(progress=False)
             made[name] = str(path)
@@ -79,6 +83,8 @@ def compiled(tmp_path_factory, model):
 def test_the_mix_model_has_its_formats(model):
     m = open_model(model("mix"))
     assert {m.weights[n].type.name for n in MIX} == {"Q2_K", "Q3_K", "Q5_K", "Q5_0", "Q8_0"}
+    for name, recipe in IQ4.items():
+        assert {t.type.name for t in open_model(model(name)).weights.values()} == {recipe, "Q5_K", "Q6_K", "F32"}
 
 
 def _margin(engine: Engine, ids: list[int]) -> float:
@@ -89,7 +95,7 @@ def _margin(engine: Engine, ids: list[int]) -> float:
 
 
 @pytest.mark.parametrize("target", TARGETS)
-@pytest.mark.parametrize("name", ["tiny-llama", "tiny-llama3", "tiny-gemma3", "mix"])
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-llama3", "tiny-gemma3", "mix", *IQ4])
 def test_gpu_plan_on_emu_gives_the_cpu_plans_tokens(compiled, name, target):
     """The same greedy tokens for STEPS steps (or to the same end of generation) on every prompt, but
     where the CPU plan's next token is a near tie (its top two logits closer than twice the largest

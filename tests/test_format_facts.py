@@ -1,5 +1,6 @@
-"""One table per fact: the weight and activation formats' codes and block sizes are core/formats.py's,
-generated for the kernels into codegen/kernels/formats.h, and an op's family is core/op_traits.py's.
+"""One table per fact: the weight and activation formats' codes and block sizes and the IQ4 codebook are
+core/formats.py's, generated for the kernels into codegen/kernels/formats.h, and an op's family is
+core/op_traits.py's.
 A second definition of any of them in a kernel source (codegen/kernels/, codegen/cpu/) or in a package
 folder but core/ (the kernel catalogs codegen/families/ and codegen/cpu_families/ among them) fails
 here; an injected one shows that each rule catches its kind."""
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from llmplan.codegen import format_header
-from llmplan.core.formats import ACTIVATIONS, FORMATS
+from llmplan.core.formats import ACTIVATIONS, FORMATS, KVALUES_IQ4NL
 from llmplan.core.op_traits import FAMILIES, MODULES, TRAITS, ops_of
 
 ROOT = Path(__file__).parents[1]
@@ -27,6 +28,9 @@ _BLOCK_CONSTANT = re.compile(r"\b(?:BLOCK|BYTES|QK|SB|SUB|NFIELD|FB\d)\s*=\s*\d+
 _FORMAT_KEY = re.compile(rf"""["']({_NAMES})["']\s*:\s*\(?\s*\d+""", re.I)  # "q4_k": 8, "Q4_K": (8, ...
 _OP_KEY = re.compile(r"""["'](\w+)["']\s*:\s*["'](\w+)["']""")
 _OP_TUPLE = re.compile(r"""[(\[{]\s*((?:["']\w+["']\s*,\s*)+["']\w+["'])\s*,?\s*[)\]}]""")
+# the IQ4 codebook: a run of its first values, or one of the words formats.h packs it into
+_CODEBOOK = re.compile(r"\s*,\s*".join(str(v) for v in KVALUES_IQ4NL[:3])
+                       + "|" + "|".join(f"0x{w:08x}" for w in format_header.codebook_words()), re.I)
 
 
 def _code(text: str) -> str:
@@ -45,14 +49,16 @@ def kernel_definitions(name: str, text: str) -> list[str]:
         defined += re.findall(r"(\w+)\s*=(?!=)", statement)
     found += [f"{name}: defines {d}" for d in defined if _FORMAT_IDENT.search(d)]
     found += [f"{name}: {m.group(0)}" for m in _BLOCK_CONSTANT.finditer(code)]
+    found += [f"{name}: the IQ4 codebook ({m.group(0)})" for m in _CODEBOOK.finditer(code)]
     return found
 
 
 def python_definitions(name: str, text: str) -> list[str]:
-    """Format codes or sizes keyed by format name, op -> family tables, and lists of a family's ops
-    written out in a Python module."""
+    """Format codes or sizes keyed by format name, the IQ4 codebook, op -> family tables, and lists of a
+    family's ops written out in a Python module."""
     families = {*FAMILIES, *(m for mods in MODULES.values() for m in (*mods.gpu, mods.cpu))}
     found = [f"{name}: {m.group(0)}" for m in _FORMAT_KEY.finditer(text)]
+    found += [f"{name}: the IQ4 codebook ({m.group(0)})" for m in _CODEBOOK.finditer(text)]
     found += [f"{name}: {m.group(0)}" for m in _OP_KEY.finditer(text)
               if m.group(1) in TRAITS and m.group(2) in families]
     for m in _OP_TUPLE.finditer(text):
@@ -85,6 +91,8 @@ def test_no_python_module_defines_a_format_fact_or_op_family_again():
     ("quant.cuh", "template <> struct LpWeight<LP_FMT_Q8_0> { static constexpr int PIECE = 16, BYTES = 34; };",
      ["BYTES = 34"]),
     ("matmul.h", "constexpr int LP_ACT_BF16 = 6;", ["defines LP_ACT_BF16"]),
+    ("unpack.h", "static const int8_t kv[16] = {-127, -104, -83, -65};", ["the IQ4 codebook (-127, -104, -83)"]),
+    ("quant.cuh", "const uint32_t t0 = 0xBFAD9881u;", ["the IQ4 codebook (0xBFAD9881)"]),
 ])
 def test_an_injected_kernel_definition_is_caught(source, line, caught):
     text = next(p for p in KERNEL_SOURCES if p.name == source).read_text()
@@ -99,6 +107,8 @@ def test_an_injected_kernel_definition_is_caught(source, line, caught):
      ['"rmsnorm": "norm"', '"pack": "norm"']),
     ("families/matvec.py", 'OPS = ("matmul", "matmul_segmented", "matmul_residual")',
      ['("matmul", "matmul_segmented", "matmul_residual") (the ops of family matmul)']),
+    ("cpu_families/matmul.py", "KVALUES = np.array([-127, -104, -83, -65], np.int8)",
+     ["the IQ4 codebook (-127, -104, -83)"]),
 ])
 def test_an_injected_python_definition_is_caught(module, line, caught):
     text = (CODEGEN / module).read_text()

@@ -6,7 +6,7 @@ import pytest
 from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 
 from llmplan.core.errors import FormatError
-from llmplan.core.formats import FORMATS, dequantize, format_of
+from llmplan.core.formats import FORMATS, KVALUES_IQ4NL, dequantize, format_of
 from llmplan.models.gguf import GGUFFile
 
 from conftest import TINY_BPE, TINY_SPM
@@ -40,11 +40,43 @@ def test_random_blocks_match_gguf_py(name):
     assert _same_bits(ours, quants.dequantize(raw, fmt.type))
 
 
-def test_all_thirteen_formats_with_ggml_block_sizes():
+def test_all_fifteen_formats_with_ggml_block_sizes():
     assert sorted(FORMATS) == sorted(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-                                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"])
+                                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
     for f in FORMATS.values():
         assert (f.block, f.block_bytes) == GGML_QUANT_SIZES[f.type], f.name
+
+
+def test_the_iq4_codebook_is_ggml_s():
+    assert KVALUES_IQ4NL == quants.IQ4_NL.kvalues
+
+
+@pytest.mark.parametrize("name", ["IQ4_NL", "IQ4_XS"])
+def test_iq4_blocks_dequantize_as_ggml_s_loops(name):
+    """Every byte value in every qs position and (IQ4_XS) every 6-bit scale in every sub-block, against
+    ggml's dequantize_row_iq4_nl / _xs written out loop by loop."""
+    fmt = FORMATS[name]
+    n = 64
+    blocks = np.zeros(n, fmt.layout)
+    blocks["d"] = np.random.default_rng(11).uniform(0.5, 2.0, n).astype(np.float16)
+    blocks["qs"] = (np.arange(blocks["qs"].size) * 7 % 256).reshape(blocks["qs"].shape)
+    if name == "IQ4_XS":
+        ls = np.arange(n * 8).reshape(n, 8) * 5 % 64
+        blocks["scales_l"] = ls[:, 0::2] | (ls[:, 1::2] << 4)
+        blocks["scales_h"] = ((ls >> 4) << np.arange(0, 16, 2)).sum(1)
+    want = np.empty((n, fmt.block), np.float32)
+    for i, b in enumerate(blocks):
+        d = np.float32(b["d"])
+        for ib in range(fmt.block // 32):
+            dl = d
+            if name == "IQ4_XS":
+                ls = ((b["scales_l"][ib // 2] >> 4 * (ib % 2)) & 0xF) | (((b["scales_h"] >> 2 * ib) & 3) << 4)
+                dl = d * np.float32(int(ls) - 32)
+            for j in range(16):
+                q = b["qs"][16 * ib + j]
+                want[i, 32 * ib + j] = dl * np.float32(KVALUES_IQ4NL[q & 0xF])
+                want[i, 32 * ib + 16 + j] = dl * np.float32(KVALUES_IQ4NL[q >> 4])
+    assert _same_bits(dequantize(blocks.view(np.uint8), fmt), want)
 
 
 def test_shape_and_chunking():

@@ -2,9 +2,12 @@
 
 Byte identity is checked against gguf-py (bit-exact with ggml for the formats it implements) and,
 for the K formats, against hashes of what ggml's C `quantize_row_*_ref` (ggml-quants.c, gcc -O2
-without FMA contraction) wrote for a fixed, exactly reproducible input.
+without FMA contraction) wrote for a fixed, exactly reproducible input; for IQ4_NL and IQ4_XS against
+llama.cpp's own library (llama-cpp-python's, built without FMA) where it is importable, and hashes of
+what it wrote.
 """
 
+import ctypes
 import hashlib
 
 import numpy as np
@@ -14,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from llmplan.commands import llama_cpp
 from llmplan.core.errors import FormatError, InputError
 from llmplan.core.formats import FORMATS, dequantize
 from llmplan.models.quantize import QUANTIZABLE, quantize, random_blocks
@@ -23,11 +27,13 @@ QUANTIZED = [f for f in QUANTIZABLE if FORMATS[f].block > 1]
 
 # Measured on N(0, 1) data plus ~20% headroom: error RMSE / data RMSE.
 REL_RMSE = {"F32": 0.0, "F16": 3e-4, "BF16": 2e-3, "Q8_0": 0.0065, "Q4_0": 0.1, "Q4_1": 0.095, "Q5_0": 0.05,
-            "Q5_1": 0.046, "Q4_K": 0.085, "Q5_K": 0.044, "Q6_K": 0.022}
+            "Q5_1": 0.046, "Q4_K": 0.085, "Q5_K": 0.044, "Q6_K": 0.022, "IQ4_NL": 0.09, "IQ4_XS": 0.09}
 # Worst error in a block / largest magnitude in it: half a step of each format's grid (Q4_0 and Q5_0
-# cannot reach +max when d = max/-8 is set by a negative max, hence a full step), plus slack.
+# cannot reach +max when d = max/-8 is set by a negative max, hence a full step), plus slack; IQ4's
+# least-squares scales and uneven grid: measured (0.096, 0.117) plus ~20%.
 BLOCK_MAX_ERR = {"F32": 0.0, "F16": 2**-11, "BF16": 2**-8, "Q8_0": 0.006, "Q4_0": 0.13, "Q4_1": 0.07,
-                 "Q5_0": 0.066, "Q5_1": 0.035, "Q4_K": 0.11, "Q5_K": 0.065, "Q6_K": 0.023}
+                 "Q5_0": 0.066, "Q5_1": 0.035, "Q4_K": 0.11, "Q5_K": 0.065, "Q6_K": 0.023, "IQ4_NL": 0.115,
+                 "IQ4_XS": 0.14}
 
 
 def _roundtrip(x, fmt):
@@ -52,7 +58,8 @@ def _llama_array_rmse(a, b):
 
 # True RMSE on the signal (RMS about 1.42), measured plus ~15% headroom.
 SIGNAL_RMSE = {"F32": 0.0, "F16": 3.5e-4, "BF16": 2.6e-3, "Q8_0": 0.0055, "Q4_0": 0.082, "Q4_1": 0.084,
-               "Q5_0": 0.044, "Q5_1": 0.041, "Q4_K": 0.072, "Q5_K": 0.039, "Q6_K": 0.019}
+               "Q5_0": 0.044, "Q5_1": 0.041, "Q4_K": 0.072, "Q5_K": 0.039, "Q6_K": 0.019, "IQ4_NL": 0.092,
+               "IQ4_XS": 0.093}
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0])
@@ -129,6 +136,44 @@ GGML_REFERENCE_SHA256 = {
 def test_matches_ggml_c_reference(fmt):
     out = quantize(_golden_input(), fmt)
     assert hashlib.sha256(out.tobytes()).hexdigest() == GGML_REFERENCE_SHA256[fmt]
+
+
+# sha256 of what llama-cpp-python 0.3.36's ggml_quantize_chunk (which llama_model_quantize calls, and
+# test_matches_llama_cpps_quantizer below) wrote for _golden_input(); for IQ4_NL it is not
+# quantize_row_iq4_nl_ref, which tries no other scales
+LLAMA_CPP_QUANTIZE_SHA256 = {
+    "IQ4_NL": "70a352b3aa1b68151609959cbfdc504064d71c47ed7fdde893b616ed13abac9f",
+    "IQ4_XS": "71c444a1e17cd0a7948de2145a5de354d51546043af7c47ee852e6e2b20af9a2",
+}
+
+
+@pytest.mark.parametrize("fmt", list(LLAMA_CPP_QUANTIZE_SHA256))
+def test_matches_what_llama_cpp_wrote(fmt):
+    out = quantize(_golden_input(), fmt)
+    assert hashlib.sha256(out.tobytes()).hexdigest() == LLAMA_CPP_QUANTIZE_SHA256[fmt]
+
+
+def _llama_cpp_quantize(x, fmt):
+    """x quantized row by row by llama.cpp's library (ggml_quantize_chunk, no importance matrix)."""
+    from llama_cpp.llama_cpp import _lib
+
+    f = FORMATS[fmt]
+    out = np.zeros((x.shape[0], f.row_bytes(x.shape[1])), np.uint8)
+    fn = _lib.ggml_quantize_chunk
+    fn.restype = ctypes.c_size_t
+    fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
+                   ctypes.c_void_p]
+    fn(int(f.type), np.ascontiguousarray(x).ctypes.data, out.ctypes.data, 0, x.shape[0], x.shape[1], None)
+    return out
+
+
+@pytest.mark.skipif(not llama_cpp.available(), reason="llama-cpp-python is not installed (not a dependency)")
+@pytest.mark.parametrize("fmt", list(LLAMA_CPP_QUANTIZE_SHA256))
+def test_matches_llama_cpps_quantizer(fmt):
+    rng = np.random.default_rng(list(LLAMA_CPP_QUANTIZE_SHA256).index(fmt))
+    for x in [_awkward_rows(rng), _golden_input().reshape(-1, 1024),
+              *((rng.standard_normal((64, 512)) * s).astype(np.float32) for s in (1e-4, 0.02, 1.0, 3e3))]:
+        assert np.array_equal(quantize(x, fmt), _llama_cpp_quantize(x, fmt))
 
 
 # --- round trips and edge cases ------------------------------------------------------------------

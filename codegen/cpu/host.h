@@ -41,6 +41,19 @@ __device__ __forceinline__ int lp_dot4(int a, int b, int c) {
   return c;
 }
 
+// the bytes of the 16-byte table t0..t3 at the 4-bit indices of q (8 nibbles): lo those of the low
+// nibbles of q's bytes 0..3, hi those of the high nibbles (the GPUs' byte permutes, one byte at a time)
+__device__ __forceinline__ void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3,
+                                            uint32_t& lo, uint32_t& hi) {
+  const uint32_t t[4] = {t0, t1, t2, t3};
+  lo = hi = 0;
+  for (int b = 0; b < 8; ++b) {
+    const uint32_t i = (q >> (4 * b)) & 0xF, v = (t[i / 4] >> (8 * (i % 4))) & 0xFF;
+    if (b % 2) hi |= v << (8 * (b / 2));
+    else lo |= v << (8 * (b / 2));
+  }
+}
+
 __device__ __forceinline__ int lp_lane() { return 0; }
 __device__ __forceinline__ int lp_wave() { return 0; }
 __device__ __forceinline__ int lp_waves() { return 1; }

@@ -276,11 +276,12 @@ inline __m256i scales32(__m256i sc, int g) {
                                                     2, 3, 2, 3, 2, 3, 2, 3));
 }
 
-// Engine B (K-quants): per super-block, int32 lanes of sum_j sc_j * (u_j . x_j) over the 16-value
-// sub-blocks j (unsigned values u, scales pairwise through vpmaddwd / vpdpwssd), and of
-// sum_j aux_j * bsum_j (aux: the offset times the scale, OFF formats, scaled by d; or the min, MIN
-// formats, scaled by dmin); then d * dk and da * dk applied in 8 float lanes, summed last. Lane l's
-// integers are those of the values 4l .. 4l + 3 of every 32, however they are grouped into vectors.
+// Engine B (K-quants, IQ4_XS): per super-block, int32 lanes of sum_j sc_j * (u_j . x_j) over the 16-value
+// sub-blocks j (unsigned values u, or SIGNED ones as |u| times x with u's sign; scales pairwise through
+// vpmaddwd / vpdpwssd), and of sum_j aux_j * bsum_j (aux: the offset times the scale, OFF formats,
+// scaled by d; or the min, MIN formats, scaled by dmin); then d * dk and da * dk applied in 8 float
+// lanes, summed last. Lane l's integers are those of the values 4l .. 4l + 3 of every 32, however they
+// are grouped into vectors.
 template <bool MIN, int RT, int CT> inline void apply_b(const KHead (&h)[RT], const __m256i (&is)[RT][CT], const Acts& a,
                                                          int c0, int sb, __m256 (&acc)[RT][CT]) {
   const int nsb = a.k / 256;
@@ -301,7 +302,7 @@ template <bool MIN, int RT, int CT> inline void apply_b(const KHead (&h)[RT], co
   }
 }
 
-template <bool MIN, int RT, int CT, class Src>
+template <bool SIGNED, bool MIN, int RT, int CT, class Src>
 inline void tile_b(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
   const int nsb = a.k / 256;
   __m256 acc[RT][CT];
@@ -317,14 +318,16 @@ inline void tile_b(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT]
     }
 #pragma unroll
     for (int g = 0; g < 8; ++g) {
-      __m256i w[RT], sc[RT];
+      __m256i w[RT], wa[RT], sc[RT];
       for (int r = 0; r < RT; ++r) {
         w[r] = u.q32(r0 + r, sb, g);
+        wa[r] = SIGNED ? _mm256_sign_epi8(w[r], w[r]) : w[r];
         sc[r] = scales32(h[r].sc, g);
       }
       for (int c = 0; c < CT; ++c) {
         const __m256i xv = load32(a.qs + (size_t)(c0 + c) * a.k + 256 * sb + 32 * g);
-        for (int r = 0; r < RT; ++r) isum[r][c] = dot_scaled(isum[r][c], w[r], xv, sc[r]);
+        for (int r = 0; r < RT; ++r)
+          isum[r][c] = dot_scaled(isum[r][c], wa[r], SIGNED ? _mm256_sign_epi8(xv, w[r]) : xv, sc[r]);
       }
     }
     apply_b<MIN>(h, isum, a, c0, sb, acc);
@@ -398,7 +401,8 @@ inline __m512i scales64(__m256i sc, int g) {
   return _mm512_permutexvar_epi16(_mm512_add_epi16(quarter, _mm512_set1_epi16((short)(4 * g))), _mm512_castsi256_si512(sc));
 }
 
-template <bool MIN, int RT, int CT, class Src>
+// SIGNED values: |u| (vpabsb) against x negated where u is negative (AVX-512 has no vpsignb)
+template <bool SIGNED, bool MIN, int RT, int CT, class Src>
 inline void tile_b512(const Src& u, int r0, const Acts& a, int c0, float (&out)[RT][CT]) {
   const int nsb = a.k / 256;
   __m256 acc[RT][CT];
@@ -415,13 +419,21 @@ inline void tile_b512(const Src& u, int r0, const Acts& a, int c0, float (&out)[
 #pragma unroll
     for (int g = 0; g < 4; ++g) {
       __m512i w[RT], sc[RT];
+      __mmask64 neg[RT];
       for (int r = 0; r < RT; ++r) {
         w[r] = u.q64(r0 + r, sb, g);
+        if constexpr (SIGNED) {
+          neg[r] = _mm512_movepi8_mask(w[r]);
+          w[r] = _mm512_abs_epi8(w[r]);
+        }
         sc[r] = scales64(h[r].sc, g);
       }
       for (int c = 0; c < CT; ++c) {
         const __m512i xv = _mm512_loadu_si512(a.qs + (size_t)(c0 + c) * a.k + 256 * sb + 64 * g);
-        for (int r = 0; r < RT; ++r) isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(w[r], xv), sc[r]);
+        for (int r = 0; r < RT; ++r) {
+          const __m512i xs = SIGNED ? _mm512_mask_sub_epi8(xv, neg[r], _mm512_setzero_si512(), xv) : xv;
+          isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(w[r], xs), sc[r]);
+        }
       }
     }
     __m256i is[RT][CT];  // lanes l and l + 8 hold the same 4 of every 32 values
@@ -522,9 +534,9 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
     auto run = [&](const auto& src, auto rt) {
       tiles<decltype(rt)::value, CT_B>(r0, r1, a, [&]<int RT, int CT>(float (&v)[RT][CT], int rr, int c0) {
 #if LP_CPU_ISA >= 2
-        tile_b512<Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
+        tile_b512<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
 #else
-        tile_b<Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
+        tile_b<Unpack<F>::SIGNED, Unpack<F>::MIN, RT, CT>(src, rr, a, c0, v);
 #endif
       }, out);
     };

@@ -60,8 +60,9 @@ inline __m256i dot_unsigned(__m256i u, __m256i x) {
 #endif
 }
 
-// acc + the products of unsigned u (at most 63) with x, pairs of values summed in int16, then each
-// pair times its int16 scale sc16, summed in pairs into 8 int32 lanes
+// acc + the products of unsigned u with x, pairs of values summed in int16, then each pair times its int16
+// scale sc16, summed in pairs into 8 int32 lanes; u at most 127 and x not -128, so no pair saturates
+// (|u| of a signed weight, x carrying its sign, as dot_signed)
 inline __m256i dot_scaled(__m256i acc, __m256i u, __m256i x, __m256i sc16) {
   const __m256i p16 = _mm256_maddubs_epi16(u, x);
 #if LP_CPU_ISA >= 2

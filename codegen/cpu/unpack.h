@@ -4,22 +4,26 @@
 // weight row is read once, nothing is stored), or a task first unpacks its rows through it into a
 // scratch that its register tiles reuse for every activation row (many activation rows).
 //
-// Kind A (the 32-value formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): q[k] int8, the value's integer as the
-// dequantizer has it (q - 8, q - 16, the int8 itself) or, for the formats with a min, the unsigned q;
-// dw[k/32] = d and mw[k/32] = m as float.
-// Kind B (the K-quants): u[k] the value's unsigned integer (Q2_K 0..3, Q3_K 0..7, Q4_K 0..15, Q5_K
-// 0..31, Q6_K 0..63); per super-block a head (KHead): sc[16] and aux[16] int16 per 16-value sub-block,
-// d and da float. The value is d * sc * u - (d * aux, OFF formats; da * aux, MIN formats):
+// Kind A (the 32-value formats Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL): q[k] int8, the value's integer as
+// the dequantizer has it (q - 8, q - 16, the int8 itself, IQ4_NL's codebook value) or, for the formats
+// with a min, the unsigned q; dw[k/32] = d and mw[k/32] = m as float.
+// Kind B (the K-quants, IQ4_XS): u[k] the value's unsigned integer (Q2_K 0..3, Q3_K 0..7, Q4_K 0..15,
+// Q5_K 0..31, Q6_K 0..63) or, for IQ4_XS (SIGNED), its int8 codebook value; per super-block a head
+// (KHead): sc[16] and aux[16] int16 per 16-value sub-block, d and da float. The value is
+// d * sc * u - (d * aux, OFF formats; da * aux, MIN formats):
 //   Q2_K: sc = scales & 15, aux = scales >> 4 (min), da = dmin      (MIN)
 //   Q3_K: sc = the signed 6-bit scale, u = low 2 bits | mask bit << 2, aux = 4 sc, da = d  (OFF)
 //   Q4_K, Q5_K: sc, aux = the 6-bit scale and min of each 32 values (common.cuh lp_k_scale_min), da = dmin  (MIN)
 //   Q6_K: sc = the int8 scale, aux = 32 sc, da = d  (OFF)
+//   IQ4_XS: sc = each 32 values' signed 6-bit scale (common.cuh lp_iq4xs_scale), aux = 0, da = d  (OFF)
 // Bit positions follow quant.cuh's comments (and core/formats.py): Q2_K value 128G + 32s + i is bits 2s
 // of qs[32G + i]; Q3_K's mask bit of value v is bit v / 32 of hmask[v % 32]; Q4_K value 64g + 32h + i is
 // nibble h of qs[32g + i], Q5_K's bit 4 bit v / 32 of qh[v % 32]; Q6_K value 128G + r is nibble r / 64
-// of ql[64G + r % 64] with bits 2 (r / 32) of qh[32G + r % 32] as bits 4..5. Whole 32-byte groups at a
-// time with byte operations (16-bit shifts whose spill into the neighbouring byte the masks remove);
-// only the SIMD paths decode here (the scalar path reads the blocks through quant.cuh's dot).
+// of ql[64G + r % 64] with bits 2 (r / 32) of qh[32G + r % 32] as bits 4..5; IQ4_NL's and IQ4_XS's 32
+// values of each 16 qs bytes are their low nibbles, then their high nibbles, looked up in the codebook
+// (formats.h LP_IQ4_W*) by pshufb. Whole 32-byte groups at a time with byte operations (16-bit shifts
+// whose spill into the neighbouring byte the masks remove); only the SIMD paths decode here (the scalar
+// path reads the blocks through quant.cuh's dot).
 #pragma once
 #include <vector>
 
@@ -91,6 +95,35 @@ template <int BYTES> inline void prefetch_block(const void* p) {
 }
 inline __m256i bytes(int v) { return _mm256_set1_epi8((char)v); }
 
+// the 32 4-bit values of 16 bytes at q as bytes: the low nibbles in bytes 0..15, the high ones in 16..31
+inline __m256i nibbles32(const void* q) {
+  const __m128i v = _mm_loadu_si128((const __m128i*)q);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), bytes(0xF));
+}
+
+// the IQ4 codebook values of the 4-bit indices in idx's bytes (pshufb looks them up in each 128-bit lane)
+inline __m256i iq4_values(__m256i idx) {
+  const __m128i t = _mm_setr_epi32((int)LP_IQ4_W0, (int)LP_IQ4_W1, (int)LP_IQ4_W2, (int)LP_IQ4_W3);
+  return _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx);
+}
+
+#if LP_CPU_ISA >= 2
+// nibbles32 of the 16 bytes at q0 and of those at q1, side by side (the 16-bit lanes of 128-bit lanes 1
+// and 3 shifted by 4)
+inline __m512i nibbles64(const void* q0, const void* q1) {
+  constexpr long long F4 = 0x0004000400040004;
+  const __m128i a = _mm_loadu_si128((const __m128i*)q0), b = _mm_loadu_si128((const __m128i*)q1);
+  const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(a, a)), _mm256_set_m128i(b, b), 1);
+  return _mm512_and_si512(_mm512_srlv_epi16(q, _mm512_set_epi64(F4, F4, 0, 0, F4, F4, 0, 0)), _mm512_set1_epi8(0xF));
+}
+
+// iq4_values of 64 indices, each value + bias (mod 256: bias 128 makes them unsigned bytes)
+inline __m512i iq4_values64(__m512i idx, int bias) {
+  const __m128i t = _mm_setr_epi32((int)LP_IQ4_W0, (int)LP_IQ4_W1, (int)LP_IQ4_W2, (int)LP_IQ4_W3);
+  return _mm512_shuffle_epi8(_mm512_xor_si512(_mm512_broadcast_i32x4(t), _mm512_set1_epi8((char)bias)), idx);
+}
+#endif
+
 // byte j of the result is 0xFF where bit j of x is set
 inline __m256i bits_to_bytes(uint32_t x) {
   const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x),
@@ -128,8 +161,7 @@ template <int F> struct Unpack32 {
   static constexpr int KIND = UNPACK_A;
   static constexpr bool SIGNED = !MN, MIN = MN;
   static __m256i block(const W& w, size_t blk) {
-    const __m128i qs = _mm_loadu_si128((const __m128i*)w.qs.at(blk));
-    __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), bytes(0xF));  // values 0..15, 16..31
+    __m256i v = nibbles32(w.qs.at(blk));  // values 0..15, 16..31
     if constexpr (HI) v = _mm256_or_si256(v, _mm256_and_si256(bits_to_bytes(w.qh[blk]), bytes(0x10)));
     if constexpr (W::OFFSET != 0) v = _mm256_sub_epi8(v, bytes(W::OFFSET));
     return v;
@@ -138,14 +170,11 @@ template <int F> struct Unpack32 {
   static float m(const W& w, size_t blk) { return MN ? lp_h2f(w.m[blk]) : 0.0f; }
 #if LP_CPU_ISA >= 2
   // blocks blk and blk + 1 (their values 0..31 in bytes 0..31 and 32..63) as unsigned bytes, each value
-  // + BIAS (the stored integer before the offset): the nibbles of each block's 16 bytes split by a
-  // variable shift, the high bits through a 64-bit mask
+  // + BIAS (the stored integer before the offset): the nibbles of each block's 16 bytes, the high bits
+  // through a 64-bit mask
   static constexpr int BIAS = W::OFFSET;
   static __m512i pair(const W& w, size_t blk) {
-    constexpr long long F4 = 0x0004000400040004;  // shift the 16-bit lanes of 128-bit lanes 1 and 3 by 4
-    const __m128i q0 = _mm_loadu_si128((const __m128i*)w.qs.at(blk)), q1 = _mm_loadu_si128((const __m128i*)w.qs.at(blk + 1));
-    const __m512i q = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_set_m128i(q0, q0)), _mm256_set_m128i(q1, q1), 1);
-    __m512i v = _mm512_and_si512(_mm512_srlv_epi16(q, _mm512_set_epi64(F4, F4, 0, 0, F4, F4, 0, 0)), _mm512_set1_epi8(0xF));
+    __m512i v = nibbles64(w.qs.at(blk), w.qs.at(blk + 1));
     if constexpr (HI) {
       const __mmask64 hi = (uint64_t)w.qh[blk] | (uint64_t)w.qh[blk + 1] << 32;
       v = _mm512_mask_add_epi8(v, hi, v, _mm512_set1_epi8(0x10));
@@ -172,6 +201,21 @@ template <> struct Unpack<LP_FMT_Q4_0> : Unpack32<LP_FMT_Q4_0> {};
 template <> struct Unpack<LP_FMT_Q4_1> : Unpack32<LP_FMT_Q4_1> {};
 template <> struct Unpack<LP_FMT_Q5_0> : Unpack32<LP_FMT_Q5_0> {};
 template <> struct Unpack<LP_FMT_Q5_1> : Unpack32<LP_FMT_Q5_1> {};
+
+template <> struct Unpack<LP_FMT_IQ4_NL> {
+  using W = LpWeight<LP_FMT_IQ4_NL, LP_BLOCKS>;
+  static constexpr int KIND = UNPACK_A;
+  static constexpr bool SIGNED = true, MIN = W::MIN;
+  static __m256i block(const W& w, size_t blk) { return iq4_values(nibbles32(w.qs.at(blk))); }
+  static float d(const W& w, size_t blk) { return lp_h2f(w.d[blk]); }
+  static float m(const W&, size_t) { return 0.0f; }
+#if LP_CPU_ISA >= 2
+  // blocks blk and blk + 1 as unsigned bytes, each value + BIAS (looked up in the codebook + 128)
+  static constexpr int BIAS = 128;
+  static __m512i pair(const W& w, size_t blk) { return iq4_values64(nibbles64(w.qs.at(blk), w.qs.at(blk + 1)), BIAS); }
+#endif
+  static void row(const W& w, int row, UnpackedA& u) { unpack_a_row<Unpack>(w, row, u); }
+};
 
 // Kind B: head(w, blk) is super-block blk's KHead; q32(w, blk, g) its values 32g .. 32g + 31 as bytes,
 // q64(w, blk, g) (avx512) values 64g .. 64g + 63; first(w, blk) the block's first byte (its fields
@@ -211,7 +255,7 @@ template <class U, class W> inline void unpack_b_row(const W& w, int row, Unpack
 template <> struct Unpack<LP_FMT_Q2_K> {
   using W = LpWeight<LP_FMT_Q2_K, LP_BLOCKS>;
   static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = W::MIN;
+  static constexpr bool MIN = W::MIN, SIGNED = false;
   static const void* first(const W& w, size_t blk) { return w.scales.at(blk); }
   static KHead head(const W& w, size_t blk) {
     const __m128i s = _mm_loadu_si128((const __m128i*)w.scales.at(blk));
@@ -234,7 +278,7 @@ template <> struct Unpack<LP_FMT_Q2_K> {
 template <> struct Unpack<LP_FMT_Q3_K> {
   using W = LpWeight<LP_FMT_Q3_K, LP_BLOCKS>;
   static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = W::MIN;
+  static constexpr bool MIN = W::MIN, SIGNED = false;
   static const void* first(const W& w, size_t blk) { return w.hmask.at(blk); }
   static KHead head(const W& w, size_t blk) {
     alignas(32) int16_t sc[16];
@@ -260,7 +304,7 @@ template <> struct Unpack<LP_FMT_Q3_K> {
 template <int F> struct UnpackK45 {
   using W = LpWeightK45<F, LP_BLOCKS>;
   static constexpr int KIND = UNPACK_B;
-  static constexpr bool Q5 = W::Q5, MIN = W::MIN;
+  static constexpr bool Q5 = W::Q5, MIN = W::MIN, SIGNED = false;
   static const void* first(const W& w, size_t blk) { return w.d.at(blk); }
   // the 6-bit scales and mins of lp_k_scale_min, four bytes at a time: scales 0..3 and mins 0..3 are the
   // low 6 bits of bytes 0..3 and 4..7; scales 4..7 (mins 4..7) the low (high) nibbles of bytes 8..11
@@ -294,7 +338,7 @@ template <> struct Unpack<LP_FMT_Q5_K> : UnpackK45<LP_FMT_Q5_K> {};
 template <> struct Unpack<LP_FMT_Q6_K> {
   using W = LpWeight<LP_FMT_Q6_K, LP_BLOCKS>;
   static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = W::MIN;
+  static constexpr bool MIN = W::MIN, SIGNED = false;
   static const void* first(const W& w, size_t blk) { return w.ql.at(blk); }
   static KHead head(const W& w, size_t blk) {
     const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w.scales.at(blk)));
@@ -315,6 +359,27 @@ template <> struct Unpack<LP_FMT_Q6_K> {
     const __m512i top = h ? shift_halves(qh, 0, 2)
                           : _mm512_sllv_epi16(qh, _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(2), 1));
     return _mm512_or_si512(low, _mm512_and_si512(top, _mm512_set1_epi8(0x30)));
+  }
+#endif
+  static void row(const W& w, int row, UnpackedB& u) { unpack_b_row<Unpack>(w, row, u); }
+};
+
+template <> struct Unpack<LP_FMT_IQ4_XS> {
+  using W = LpWeight<LP_FMT_IQ4_XS, LP_BLOCKS>;
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = W::MIN, SIGNED = true;
+  static const void* first(const W& w, size_t blk) { return w.d.at(blk); }
+  static KHead head(const W& w, size_t blk) {
+    alignas(32) int16_t sc[16];
+    for (int j = 0; j < 16; ++j) sc[j] = (int16_t)w.scale(blk, j / 2);
+    const float d = lp_h2f(w.d[blk]);
+    return KHead{load32(sc), _mm256_setzero_si256(), d, d};
+  }
+  static __m256i q32(const W& w, size_t blk, int g) { return iq4_values(nibbles32(w.qs.at(blk) + 16 * g)); }
+#if LP_CPU_ISA >= 2
+  static __m512i q64(const W& w, size_t blk, int g) {
+    const uint8_t* q = w.qs.at(blk) + 32 * g;
+    return iq4_values64(nibbles64(q, q + 16), 0);
   }
 #endif
   static void row(const W& w, int row, UnpackedB& u) { unpack_b_row<Unpack>(w, row, u); }

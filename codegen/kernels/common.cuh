@@ -1,14 +1,13 @@
 // common.cuh: what several kernel families share (on the GPUs, and on the CPU target through
-// codegen/cpu/host.h): 16-byte loads and stores, f16 bits as floats, float
-// operations never contracted into an FMA (where a kernel promises NumPy's float32 operation order),
-// the byte tricks that turn packed quants into int8 operands of lp_dot4, the K-quants' packed scales
-// (the mat-vec's and the GEMM's weight readers both unpack them), the paged K/V cache's addressing, the
-// argmax order of the fused tails,
-// field planes of packed activations, block reductions, and packing a row to 8-bit blocks with
-// exactly the CPU twins' rounding (core/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
-// scale and round half to even; q8_k takes the signed max of 256 values, iscale = -127/max,
-// d = 1/iscale, with 16-value sums). The format codes and block sizes come from formats.h, generated
-// from core/formats.py.
+// codegen/cpu/host.h): 16-byte loads and stores, f16 bits as floats, float operations never contracted
+// into an FMA (where a kernel promises NumPy's float32 operation order), the byte tricks that turn
+// packed quants into int8 operands of lp_dot4, the K-quants' and IQ4_XS's packed scales and the IQ4
+// codebook lookup (the mat-vec's and the GEMM's weight readers both use them), the paged K/V cache's
+// addressing, the argmax order of the fused tails, field planes of packed activations, block
+// reductions, and packing a row to 8-bit blocks with exactly the CPU twins' rounding
+// (core/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16 scale and round half to even; q8_k
+// takes the signed max of 256 values, iscale = -127/max, d = 1/iscale, with 16-value sums). The format
+// codes and block sizes come from formats.h, generated from core/formats.py.
 #pragma once
 #include "vendor.h"
 #include <stdint.h>
@@ -116,6 +115,35 @@ template <class B> __device__ __forceinline__ int lp_q3k_scale(B byte, int j) {
   const int lo = j < 8 ? byte(j) & 0x0F : byte(j - 8) >> 4;
   const int hi = (byte(8 + j % 4) >> (2 * (j / 4))) & 3;
   return (lo | (hi << 4)) - 32;
+}
+
+#if defined(LP_HIP)
+// the bytes of the 16-byte table t0..t3 at the 4-bit indices of q (8 nibbles): lo those of the low
+// nibbles of q's bytes 0..3, hi those of the high nibbles (NVIDIA's and the CPU's: their vendor headers).
+// On AMD, and so on the emulated GPU: v_perm_b32 picks bytes by 3-bit indices from each table half, and a
+// third picks each byte's half by its index's bit 3.
+__device__ __forceinline__ void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3,
+                                            uint32_t& lo, uint32_t& hi) {
+  const auto look = [&](uint32_t i) {
+    const uint32_t low = lp_perm(t1, t0, i & 0x07070707u), high = lp_perm(t3, t2, i & 0x07070707u);
+    return lp_perm(high, low, 0x03020100u | ((i & 0x08080808u) >> 1));
+  };
+  lo = look(q);
+  hi = look(q >> 4);
+}
+#endif
+
+// IQ4_NL / IQ4_XS: the codebook values (formats.h LP_IQ4_W0..3) of the 4-bit indices in q as int8 bytes:
+// lo those of the low nibbles of q's bytes 0..3, hi those of the high nibbles
+__device__ __forceinline__ void lp_iq4_values(uint32_t q, uint32_t& lo, uint32_t& hi) {
+  lp_lookup16(q, LP_IQ4_W0, LP_IQ4_W1, LP_IQ4_W2, LP_IQ4_W3, lo, hi);
+}
+
+// IQ4_XS: the signed 6-bit scale of sub-block j (0..7) from the block's scales_h and its 4 scales_l
+// bytes as a little-endian word: nibble j of scales_l below bits 2j, 2j + 1 of scales_h, stored + 32
+// (core/formats.py iq4xs_scales)
+__device__ __forceinline__ int lp_iq4xs_scale(uint32_t scales_h, uint32_t scales_l, int j) {
+  return (int)(((scales_l >> (4 * j)) & 0xFu) | (((scales_h >> (2 * j)) & 3u) << 4)) - 32;
 }
 
 // The paged K/V cache [layers, 2 (K, V), blocks, LP_PAGE, kv_dim] of f16 (core/numerics.py PAGE, store_kv):

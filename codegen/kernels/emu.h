@@ -328,6 +328,18 @@ inline int lp_dot4(int a, int b, int c) {
 }
 inline int lp_atomic_add(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 
+// v_perm_b32 (vendor.h), for the selectors the kernels use: bytes 0..7 of hi:lo
+inline uint32_t lp_perm(uint32_t hi, uint32_t lo, uint32_t sel) {
+  const uint64_t both = (uint64_t)hi << 32 | lo;
+  uint32_t out = 0;
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t s = (sel >> (8 * i)) & 0xFF;
+    if (s > 7) lp_emu::fail("lp_perm: a v_perm_b32 selector byte above 7 is not emulated");
+    out |= (uint32_t)(both >> (8 * (s & 7)) & 0xFF) << (8 * i);
+  }
+  return out;
+}
+
 inline float lp_sqrt(float x) { return __builtin_sqrtf(x); }
 inline float lp_exp(float x) { return __builtin_expf(x); }
 inline float lp_abs(float x) { return __builtin_fabsf(x); }

@@ -24,6 +24,8 @@ enum LpWeightFormat {
   LP_FMT_Q4_K = 12,
   LP_FMT_Q5_K = 13,
   LP_FMT_Q6_K = 14,
+  LP_FMT_IQ4_NL = 20,
+  LP_FMT_IQ4_XS = 23,
 };
 
 // activation formats, as common.cuh lays out their planes: 8-bit blocks first, then plain values
@@ -102,6 +104,23 @@ template <> struct LpFormat<LP_FMT_Q6_K> {  // ql u8[128], qh u8[64], scales i8[
   static constexpr bool MIN = false;
   static constexpr int NFIELD = 4, FB0 = 128, FB1 = 64, FB2 = 16, FB3 = 2, FB4 = 0;
 };
+template <> struct LpFormat<LP_FMT_IQ4_NL> {  // d f16, qs u8[16]
+  static constexpr int BLOCK = 32, BYTES = 18, SB = 32, ACT = LP_ACT_Q8_0;
+  static constexpr bool MIN = false;
+  static constexpr int NFIELD = 2, FB0 = 2, FB1 = 16, FB2 = 0, FB3 = 0, FB4 = 0;
+};
+template <> struct LpFormat<LP_FMT_IQ4_XS> {  // d f16, scales_h u16, scales_l u8[4], qs u8[128]
+  static constexpr int BLOCK = 256, BYTES = 136, SB = 32, ACT = LP_ACT_Q8_K;
+  static constexpr bool MIN = false;
+  static constexpr int NFIELD = 4, FB0 = 2, FB1 = 2, FB2 = 4, FB3 = 128, FB4 = 0;
+};
+
+// IQ4_NL and IQ4_XS: the value each 4-bit index i stands for (core/formats.py KVALUES_IQ4NL), as a
+// 16-byte table for byte permutes and pshufb: value i is byte i % 4 of LP_IQ4_W<i / 4>
+static constexpr uint32_t LP_IQ4_W0 = 0xbfad9881u,
+    LP_IQ4_W1 = 0xf6eaddcfu,
+    LP_IQ4_W2 = 0x26190d01u,
+    LP_IQ4_W3 = 0x71594535u;
 
 // weights held in rows16 records (codegen/cpu/rows16.h): the code of each (256 + its format's),
 // the weight rows of a record and each record's bytes

@@ -333,6 +333,66 @@ template <> struct LpWRaw<LP_FMT_Q2_K> {
   }
 };
 
+// IQ4_NL: a unit is two 32-value blocks, tile sub-blocks 2u and 2u + 1 (as Q4_0): each block's 16 qs
+// bytes looked up in the codebook, low nibbles values 0..15, high nibbles 16..31.
+template <> struct LpWRaw<LP_FMT_IQ4_NL> {
+  lp_u4 qs[2];
+  float d[2];
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_IQ4_NL>& p, int row, int kt, int u, int nb, bool ok) {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int b = kt * 4 + 2 * u + i;
+      const bool v = ok && b < nb;
+      const size_t blk = (size_t)row * nb + b;
+      d[i] = v ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
+      qs[i] = v ? lp_load16(p.f[1] + blk * 16) : lp_zero16();
+    }
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int r, int u) const {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = 2 * u + i;
+      lp_u4 lo, hi;
+      #pragma unroll
+      for (int w = 0; w < 4; ++w) lp_iq4_values(qs[i].w[w], lo.w[w], hi.w[w]);
+      lp_store16(&t.w[lp_chunk(r, 2 * s)], lo);
+      lp_store16(&t.w[lp_chunk(r, 2 * s + 1)], hi);
+      t.wsc[r * 4 + s] = d[i];
+    }
+  }
+};
+
+// IQ4_XS: the k-tile is half hh of a super-block, its sub-blocks 4hh .. 4hh + 3; unit u takes sub-blocks
+// j = 4hh + 2u + i (tile sub-blocks 2u + i), qs[16j, +16) each: low nibbles values 32j + b, high nibbles
+// 32j + 16 + b, under scale d * lp_iq4xs_scale(j) (the dequantizer's product, in f32).
+template <> struct LpWRaw<LP_FMT_IQ4_XS> {
+  lp_u4 qs[2];
+  unsigned sh, sl;
+  float d;
+  int j0;
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_IQ4_XS>& p, int row, int kt, int u, int nb, bool ok) {
+    const size_t blk = (size_t)row * nb + (kt >> 1);
+    j0 = 4 * (kt & 1) + 2 * u;
+    d = ok ? lp_h2f(((const lp_half*)p.f[0])[blk]) : 0.0f;
+    sh = ok ? ((const uint16_t*)p.f[1])[blk] : 0u;
+    sl = ok ? ((const unsigned*)p.f[2])[blk] : 0u;
+    qs[0] = ok ? lp_load16(p.f[3] + blk * 128 + 16 * j0) : lp_zero16();
+    qs[1] = ok ? lp_load16(p.f[3] + blk * 128 + 16 * j0 + 16) : lp_zero16();
+  }
+  __device__ __forceinline__ void store(const LpTile& t, int r, int u) const {
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int s = 2 * u + i;
+      lp_u4 lo, hi;
+      #pragma unroll
+      for (int w = 0; w < 4; ++w) lp_iq4_values(qs[i].w[w], lo.w[w], hi.w[w]);
+      lp_store16(&t.w[lp_chunk(r, 2 * s)], lo);
+      lp_store16(&t.w[lp_chunk(r, 2 * s + 1)], hi);
+      t.wsc[r * 4 + s] = d * (float)lp_iq4xs_scale(sh, sl, j0 + i);
+    }
+  }
+};
+
 // F16: the k-tile is 64 values; unit u is values 32u .. 32u + 31 (four chunks). nb is k here.
 template <> struct LpWRaw<LP_FMT_F16> {
   lp_u4 v[4];

@@ -22,8 +22,9 @@
 //                  The pieces of a block are taken by consecutive lanes, so a wave reads consecutive
 //                  16-byte chunks of the quant plane (a Q4_K super-block's 128-byte qs plane is
 //                  8 lanes x 16 B; see each format's comment for its split).
-// The activation a weight takes is core/formats.py ACTIVATION_FORMAT: q8_0 (Q4_0, Q5_0, Q8_0), q8_1 (Q4_1,
-// Q5_1), q8_k (the K-quants: 256-value blocks, f32 scale, 16-value sums), f16 values (F16 weights).
+// The activation a weight takes is core/formats.py ACTIVATION_FORMAT: q8_0 (Q4_0, Q5_0, Q8_0, IQ4_NL), q8_1
+// (Q4_1, Q5_1), q8_k (the K-quants and IQ4_XS: 256-value blocks, f32 scale, 16-value sums), f16 values
+// (F16 weights).
 // Sums equal the CPU twin's x_values @ dequantize(W)^T up to float rounding: every product of
 // quantized integers is exact, and a block's terms are summed in a different order than BLAS does.
 #pragma once
@@ -517,6 +518,79 @@ template <LpLayout L> struct LpWeight<LP_FMT_Q6_K, L> : LpFormat<LP_FMT_Q6_K> {
     const int sc[2] = {scales.at(blk)[8 * G + u], scales.at(blk)[8 * G + 4 + u]};
     lp_dot_block256<C, 2, false>(x, nb, b, 128 * G + 16 * u, 64, 0, [&](int v, int j) { return v ? hi[j] : lo[j]; },
                                  sc, nullptr, lp_h2f(d[blk]), 0.0f, ncols, acc);
+  }
+};
+
+// IQ4_NL: d f16, qs[16]: d * v, v the codebook value (formats.h LP_IQ4_W*, common.cuh lp_iq4_values) of
+// the 4-bit index: low nibbles are values 0..15, high nibbles values 16..31 (formats.nibbles(qs, 16)).
+// x q8_0. A piece is one block, its 16 qs bytes, as Q4_0's; the codebook's int8 values meet the
+// activation's in lp_dot4 as Q4_0's q - 8 do.
+template <LpLayout L> struct LpWeight<LP_FMT_IQ4_NL, L> : LpFormat<LP_FMT_IQ4_NL> {
+  static constexpr int PIECE = 32;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
+  LpField<uint8_t, Cur::template STRIDE<16>> qs;
+  int nb;  // blocks per row
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 32) {
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    qs = c.template next<uint8_t, 16>();
+  }
+  __device__ float value(size_t row, int i) const {
+    const size_t blk = row * nb + i / 32;
+    uint32_t lo, hi;
+    lp_iq4_values(qs.at(blk)[i % 16], lo, hi);
+    return lp_h2f(d[blk]) * (float)(int8_t)(i % 32 < 16 ? lo : hi);
+  }
+  template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
+    const size_t blk = row * nb + p;
+    const lp_u4 q = lp_load16(qs.at(blk));
+    lp_u4 v[2];  // values 4j.. and 16 + 4j..
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) lp_iq4_values(q.w[j], v[0].w[j], v[1].w[j]);
+    lp_dot_block32<C, 2, false>(x, nb, p, 0, v, lp_h2f(d[blk]), 0.0f, ncols, acc);
+  }
+};
+
+// IQ4_XS: d f16, scales_h u16, scales_l[4], qs[128]. Sub-block j (32 values): d * (its 6-bit scale - 32)
+// * v (common.cuh lp_iq4xs_scale, formats.iq4xs_scales), v the codebook value of the 4-bit index:
+// value 32j + i is nibble i / 16 of qs[16j + i % 16] (formats.nibbles(qs, 16)). x q8_k. A piece is one
+// sub-block, its 16 qs bytes; 8 lanes per super-block: lane j's low nibbles are values 32j + t, its high
+// nibbles 32j + 16 + t, both under sub-block j's scale.
+template <LpLayout L> struct LpWeight<LP_FMT_IQ4_XS, L> : LpFormat<LP_FMT_IQ4_XS> {
+  static constexpr int PIECE = 32;
+  using Cur = LpCursor<L, BYTES>;
+  LpField<lp_half, Cur::template STRIDE<2>> d;
+  LpField<uint16_t, Cur::template STRIDE<2>> scales_h;
+  LpField<uint32_t, Cur::template STRIDE<4>> scales_l;
+  LpField<uint8_t, Cur::template STRIDE<128>> qs;
+  int nb;  // blocks per row
+  __device__ LpWeight(const void* base, int rows, int k) : nb(k / 256) {
+    Cur c(base, rows, nb);
+    d = c.template next<lp_half, 2>();
+    scales_h = c.template next<uint16_t, 2>();
+    scales_l = c.template next<uint32_t, 4>();
+    qs = c.template next<uint8_t, 128>();
+  }
+  __device__ int scale(size_t blk, int j) const { return lp_iq4xs_scale(scales_h[blk], scales_l[blk], j); }
+  __device__ float value(size_t row, int i) const {
+    const size_t blk = row * nb + i / 256;
+    const int j = i % 256;
+    uint32_t lo, hi;
+    lp_iq4_values(qs.at(blk)[16 * (j / 32) + j % 16], lo, hi);
+    const float dl = lp_mul_rn(lp_h2f(d[blk]), (float)scale(blk, j / 32));
+    return dl * (float)(int8_t)(j % 32 < 16 ? lo : hi);
+  }
+  template <int C> __device__ void dot(size_t row, int p, const LpX& x, int ncols, float (&acc)[C]) const {
+    const int b = p / 8, j = p % 8;
+    const size_t blk = row * nb + b;
+    const lp_u4 q = lp_load16(qs.at(blk) + 16 * j);
+    uint32_t lo[4], hi[4];  // values 32j + 4w.. and 32j + 16 + 4w..
+    #pragma unroll
+    for (int w = 0; w < 4; ++w) lp_iq4_values(q.w[w], lo[w], hi[w]);
+    const int sc[2] = {scale(blk, j), scale(blk, j)};
+    lp_dot_block256<C, 2, false>(x, nb, b, 32 * j, 16, 0, [&](int u, int w) { return u ? hi[w] : lo[w]; }, sc,
+                                 nullptr, lp_h2f(d[blk]), 0.0f, ncols, acc);
   }
 };
 

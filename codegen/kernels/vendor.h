@@ -2,7 +2,7 @@
 //
 // Kernels use only what is defined here for anything that differs between vendors: thread and block
 // indices, the wave width (32 on NVIDIA and RDNA, 64 on CDNA), shuffles, barriers, the 4-way int8 dot
-// product, half precision, and math. The lane index is always lp_tid() % WAVE. On AMD the code builds
+// product, byte permutes, half precision, and math. The lane index is always lp_tid() % WAVE. On AMD the code builds
 // with clang's builtins alone (-nogpuinc -nogpulib: no HIP headers or device libraries needed), so any
 // machine with clang-19 can compile it.
 #pragma once
@@ -68,6 +68,11 @@
   #endif
   }
   __device__ __forceinline__ int lp_atomic_add(int* p, int v) { return __hip_atomic_fetch_add(p, v, __ATOMIC_RELAXED, __HIP_MEMORY_SCOPE_AGENT); }
+  // v_perm_b32: byte i of the result is byte sel[i] (0..7) of hi:lo (lo's bytes 0..3, hi's 4..7);
+  // common.cuh's lp_lookup16 is made of it
+  __device__ __forceinline__ uint32_t lp_perm(uint32_t hi, uint32_t lo, uint32_t sel) {
+    return __builtin_amdgcn_perm(hi, lo, sel);
+  }
 #else
   #include <cuda_fp16.h>
   #define LP_CUDA 1
@@ -89,6 +94,23 @@
   template <typename T> __device__ __forceinline__ T lp_shfl(T v, int src) { return __shfl_sync(0xffffffffu, v, src); }
   __device__ __forceinline__ int lp_dot4(int a, int b, int c) { return __dp4a(a, b, c); }
   __device__ __forceinline__ int lp_atomic_add(int* p, int v) { return atomicAdd(p, v); }
+  // the bytes of the 16-byte table t0..t3 at the 4-bit indices of q (8 nibbles): lo those of the low
+  // nibbles of q's bytes 0..3, hi those of the high nibbles (AMD's: common.cuh). __byte_perm (prmt) reads
+  // the 3 low bits of 4 nibble indices: each pair of q's bytes is looked up in both table halves and each
+  // byte's half picked by its index's bit 3 (llama.cpp's get_int_from_table_16), then the values sorted
+  // into the low and the high nibbles' words.
+  __device__ __forceinline__ void lp_lookup16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3,
+                                              uint32_t& lo, uint32_t& hi) {
+    const uint32_t half = 0x32103210u | ((q & 0x88888888u) >> 1);
+    uint32_t v[2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t s = q >> (16 * i);
+      v[i] = __byte_perm(__byte_perm(t0, t1, s), __byte_perm(t2, t3, s), half >> (16 * i));
+    }
+    lo = __byte_perm(v[0], v[1], 0x6420);
+    hi = __byte_perm(v[0], v[1], 0x7531);
+  }
 #endif
 
 #define LP_KERNEL extern "C" __global__
