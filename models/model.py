@@ -41,8 +41,9 @@ class Model:
     weights: dict[str, TensorInfo]
 
     def dequantize(self, name: str):
-        """One weight as float32 in NumPy order (rows first): [out, in] for a matrix."""
-        t = self.weights[name]
+        """One weight (a tensor, or a view of its rows) as float32 in NumPy order (rows first): [out, in]
+        for a matrix."""
+        t = self.file.weight(name)
         return dequantize(self.file.tensor_bytes(name), t.type, t.shape[::-1])
 
     @property
