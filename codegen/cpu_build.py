@@ -6,11 +6,13 @@ GPU kernels' shared headers (codegen/kernels/common.cuh, quant.cuh, fused.cuh) w
 standing for vendor.h, so block layouts and scale unpacking have one source for every target. The SIMD
 path is fixed at compile time (codegen/cpu/simd.h): `scalar` everywhere, `avx2`, `avx512` and `amx` where
 the host has them (host_isas: the CPU's flags, and for amx the kernel's permission to use the tiles);
-best_isa() is what a plan for this machine uses.
+best_isa() is what a plan for this machine uses. The compiler is the first of toolchain.cxx_candidates
+($CXX, else each clang++ on PATH, then each g++) that builds codegen/cpu/probe.h for the best path
+(compiler()); where none does, a CPU plan keeps the NumPy kernels (no_compiler says why).
 
 CpuLibrary(source, params, isa) loads a translation unit: a plan's own (the runtime's cpu driver), or
 one rendered from Kernel records (from_kernels: the kernel tests). CpuLibrary.launch(launch, bind, dims)
-runs a codegen Launch record of a CPU family (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
+runs a KernelLaunch of a CPU family (codegen/cpu_families/) as a driver would: scalars from the record (symbols bound from `dims`), every
 other argument through bind(ref) -> a C-contiguous NumPy array; CpuLibrary.bind does the binding once,
 for a driver whose buffers stay at fixed addresses. Each launch is one call; the kernel splits its work
 over the library's thread pool (set_threads).
@@ -20,20 +22,22 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 import platform
 import re
 import struct
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
 from llmplan.core.errors import InputError
+from llmplan.core.plan_records import Ref
 
 from . import toolchain
-from .build import _inline
+from .build import BuildError, _inline
 from .host import HostLibrary, build_library
-from .kernel import Kernel, Launch
+from .kernel import Kernel, KernelLaunch
 
 CPU_DIR = Path(__file__).parent / "cpu"
 HOST_VENDOR = CPU_DIR / "host.h"
@@ -60,18 +64,22 @@ _WORD = (1 << 64) - 1  # an argument as graph.h's 64-bit word (negative ints in 
 
 
 @functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The x86 feature flags of this machine's CPU that the OS has enabled (none elsewhere)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return frozenset()
+    try:
+        m = re.search(r"^flags\s*:(.*)$", Path("/proc/cpuinfo").read_text(), re.M)
+    except OSError:
+        return frozenset()
+    return frozenset(m.group(1).split()) if m else frozenset()
+
+
+@functools.cache
 def host_isas() -> tuple[str, ...]:
     """The SIMD paths this machine runs, scalar first, best last."""
-    flags: set[str] = set()
-    if platform.machine() in ("x86_64", "AMD64"):
-        try:
-            text = Path("/proc/cpuinfo").read_text()
-            m = re.search(r"^flags\s*:(.*)$", text, re.M)
-            flags = set(m.group(1).split()) if m else set()
-        except OSError:
-            flags = set()
     return tuple(isa for isa, need in _NEEDS.items()
-                 if all(f in flags for f in need) and (isa != "amx" or _amx_permitted()))
+                 if all(f in cpu_flags() for f in need) and (isa != "amx" or _amx_permitted()))
 
 
 def _amx_permitted() -> bool:
@@ -84,9 +92,42 @@ def best_isa() -> str:
     return host_isas()[-1]
 
 
+@functools.cache
+def probe(compiler: toolchain.Compiler) -> str | None:
+    """Why `compiler` cannot build the CPU kernels (its first error on probe.h), or None where it can."""
+    out: list[str] = []
+    _inline(CPU_DIR / "probe.h", set(), out, HOST_VENDOR)
+    try:
+        build_library("\n".join(out) + "\n", FLAGS + ISAS[best_isa()], "cpu-probe", compiler)
+    except BuildError as e:
+        return str(e)
+    return None
+
+
+def compiler() -> toolchain.Compiler | None:
+    """The C++ compiler the CPU target builds with: the first candidate that passes the probe."""
+    return _first_probed(os.environ.get("CXX"), os.environ.get("PATH"))
+
+
+@functools.cache
+def _first_probed(cxx: str | None, path: str | None) -> toolchain.Compiler | None:
+    """compiler(), once per $CXX and $PATH (the candidates come from them)."""
+    return next((c for c in toolchain.cxx_candidates() if probe(c) is None), None)
+
+
 def available() -> bool:
-    """Whether this machine has the C++ compiler the CPU target builds with."""
-    return toolchain.find("clang++-19") is not None
+    """Whether this machine has a C++ compiler the CPU target builds with."""
+    return compiler() is not None
+
+
+def no_compiler() -> str:
+    """Why no compiler serves the CPU target, in a few words."""
+    tried = toolchain.cxx_candidates()
+    if os.environ.get("CXX") and not tried:
+        return f"$CXX ({os.environ['CXX']}) does not run"
+    if not tried:
+        return "no C++ compiler (clang++ or g++) on PATH"
+    return "; ".join(f"{c.describe()} cannot build the CPU kernels ({probe(c)})" for c in tried)
 
 
 def render(kernels: list[Kernel]) -> str:
@@ -112,10 +153,11 @@ def _packed(k: Kernel) -> str:
 def build(source: str, isa: str) -> HostLibrary:
     """The shared library of a rendered translation unit for one SIMD path (cached by source, flags and
     compiler: built once per key)."""
-    if not available():
-        raise InputError("the plan's CPU kernels need clang++-19 to build (apt-get install clang-19); or recompile "
-                         "the plan here (plan compile ... --device cpu), where it keeps the NumPy kernels")
-    return build_library(source, FLAGS + ISAS[isa], f"cpu-{isa}", toolchain.clang())
+    cxx = compiler()
+    if cxx is None:
+        raise InputError(f"the plan's CPU kernels need a C++ compiler ({no_compiler()}): {toolchain.cxx_install()}; "
+                         "or recompile the plan here (plan compile ... --device cpu), where it keeps the NumPy kernels")
+    return build_library(source, FLAGS + ISAS[isa], f"cpu-{isa}", cxx)
 
 
 class CpuLibrary:
@@ -174,7 +216,7 @@ class CpuLibrary:
     def threads(self) -> int:
         return int(self.lib.lp_cpu_threads())
 
-    def bind(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray],
+    def bind(self, launch: KernelLaunch, bind: Callable[[Ref], np.ndarray],
              dims: dict[str, int]) -> tuple[Callable[..., None], tuple, list[np.ndarray]]:
         """(the entry point, its argument values, the arrays they point into) for a launch: a driver that
         keeps buffers at fixed addresses binds a launch once and calls fn(*values) every step."""
@@ -184,9 +226,8 @@ class CpuLibrary:
         values, keep = [], []
         for t, arg in zip(types, launch.args):
             if t in _SCALARS:
-                assert list(arg) == [_SCALARS[t][1]], (k.name, t, arg)
-                v = arg[_SCALARS[t][1]]
-                values.append(dims[v] if isinstance(v, str) else v)
+                assert arg.KIND == _SCALARS[t][1], (k.name, t, arg)
+                values.append(dims[arg.value] if isinstance(arg.value, str) else arg.value)
             else:
                 arr = bind(arg)
                 assert isinstance(arr, np.ndarray) and arr.flags.c_contiguous, (k.name, arg)
@@ -194,6 +235,6 @@ class CpuLibrary:
                 values.append(arr.ctypes.data)
         return getattr(self.lib, k.name), tuple(values), keep
 
-    def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
+    def launch(self, launch: KernelLaunch, bind: Callable[[Ref], np.ndarray], dims: dict[str, int]) -> None:
         fn, values, _ = self.bind(launch, bind, dims)
         fn(*values)

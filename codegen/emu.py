@@ -18,6 +18,7 @@ import ctypes
 import os
 from typing import Any, Iterable
 
+from . import toolchain
 from .build import KERNEL_DIR, render, with_vendor
 from .host import HostLibrary, build_library
 from .kernel import Kernel
@@ -49,7 +50,7 @@ class EmuLibrary:
     def __init__(self, source: str, kernels: dict[str, tuple[tuple[str, ...], int]], wave: int, mode: str):
         self.kernels = kernels
         flags = [*FLAGS, f"-DWAVE={wave}", *MODES[mode]]
-        self.build: HostLibrary = build_library(source + _launchers(kernels), flags, "emu")
+        self.build: HostLibrary = build_library(source + _launchers(kernels), flags, "emu", toolchain.clang_host())
         self.lib = self.build.load()
         self.fns = {}
         for name in kernels:

@@ -14,12 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-# A grid dimension: an int, or (symbol, per): ceil(symbol / per), symbol bound per step (rows, seqs).
-GridDim = int | tuple[str, int]
-
-
-def grid_dim(value: int | str, per: int = 1) -> GridDim:
-    return -(-value // per) if isinstance(value, int) else (value, per)
+from llmplan.core.plan_records import F32, I32, Buf, Buffer, GridDim, Ref, Scratch, Weight
 
 
 @dataclass(frozen=True)
@@ -41,30 +36,32 @@ class Kernel:
 
 
 @dataclass
-class Launch:
+class KernelLaunch:
+    """A family's launch of one of its kernels (a plan KernelCall once the kernel is built and named)."""
+
     kernel: Kernel
     grid: tuple[GridDim, ...]
-    args: list[dict[str, Any]] = field(default_factory=list)  # plan references and scalars, in order
+    args: list[Ref] = field(default_factory=list)  # plan references and scalars, in order
     smem: int = 0  # dynamic shared memory bytes
 
 
-def scalar(value: int | float | str, kind: str = "i32") -> dict[str, Any]:
+def scalar(value: int | float | str, kind: str = "i32") -> I32 | F32:
     """A scalar kernel argument: a constant, or a symbol (rows, seqs) bound per step."""
-    return {kind: value}
+    return F32(value) if kind == "f32" else I32(value)
 
 
-def scratch(name: str, dtype: str, shape: list[int | str]) -> dict[str, Any]:
+def scratch(name: str, dtype: str, shape: list[int | str]) -> Scratch:
     """A buffer the graph does not name (a split-K workspace, a packed copy, partial results): the
     planner places it apart from every arena value, live across the launches of one node, with no
-    initial contents. The same dict appears in the launch that writes it and the ones that read it."""
-    return {"scratch": name, "dtype": dtype, "shape": list(shape)}
+    initial contents. The same reference appears in the launch that writes it and the ones that read it."""
+    return Scratch(name, dtype, tuple(shape))
 
 
 @dataclass(frozen=True)
 class Context:
     """What a family may ask about a launch's operands: buffer and weight types, and the target."""
 
-    buffers: list[dict[str, Any]]  # plans/lower.py buffers: dtype, shape (symbols allowed)
+    buffers: list[Buffer]  # the phase's buffers: dtype, shape (symbols allowed)
     weights: dict[str, tuple[str, tuple[int, ...]]]  # name -> (format, shape in NumPy order)
     target: Any  # codegen/targets.py Target
     dims: dict[str, int] = field(default_factory=dict)  # the phase's bound of each symbol (rows, seqs, ...)
@@ -74,12 +71,12 @@ class Context:
         """A dimension's largest value in this phase (a symbol's bound; unbound symbols raise)."""
         return dim if isinstance(dim, int) else self.dims[dim]
 
-    def dtype(self, ref: dict[str, Any]) -> str:
-        if "buf" in ref:
-            return self.buffers[ref["buf"]]["dtype"]
-        return self.weights[ref["weight"]][0].lower()
+    def dtype(self, ref: Buf | Weight) -> str:
+        if isinstance(ref, Buf):
+            return self.buffers[ref.index].dtype
+        return self.weights[ref.name][0].lower()
 
-    def shape(self, ref: dict[str, Any]) -> tuple:
-        if "buf" in ref:
-            return tuple(self.buffers[ref["buf"]]["shape"])
-        return tuple(self.weights[ref["weight"]][1])
+    def shape(self, ref: Buf | Weight) -> tuple:
+        if isinstance(ref, Buf):
+            return tuple(self.buffers[ref.index].shape)
+        return tuple(self.weights[ref.name][1])

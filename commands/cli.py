@@ -11,7 +11,7 @@ from llmplan.core.errors import InputError
 
 # Each name is a module commands/<name>.py exposing register(subparsers); the order is --help's.
 COMMANDS = ["info", "make_model", "compile", "tune", "run", "eval", "serve", "inspect", "tokenize", "detokenize",
-            "chat_template", "ir", "passes"]
+            "chat_template", "ir", "passes", "env"]
 
 
 class _Parser(argparse.ArgumentParser):

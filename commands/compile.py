@@ -10,10 +10,13 @@ from llmplan.codegen.cpu_build import ISAS
 from llmplan.core.console import Progress, human_bytes, print_json
 from llmplan.core.devices import resolve_device
 from llmplan.core.errors import InputError
+from llmplan.core.planfile import read_plan
 from llmplan.core.tune_store import TuneStore
 from llmplan.models.model import open_model
 from llmplan.plans.compile import DEFAULT_CHUNK, compile_model
 from llmplan.tuning import cpu_schedules
+
+from . import numpy_fallback
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,6 +52,8 @@ def run(args: argparse.Namespace) -> int:
                             isa=args.isa, progress=Progress("plan compile"),
                             probes=cpu_schedules.probes() if store.enabled else None)
     summary["seconds"] = round(time.perf_counter() - t0, 3)
+    if summary.get("cpu", {}).get("kernels") == "numpy":
+        numpy_fallback.announce("compile", *read_plan(out, None), out, from_gguf=False)
     if args.json:
         print_json(summary)
         return 0

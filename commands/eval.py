@@ -27,7 +27,7 @@ from llmplan.models.gguf import is_gguf
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.scoring import Window, kv_blocks_needed, score, windows
 
-from . import eval_base, eval_stats, llama_cpp
+from . import eval_base, eval_stats, llama_cpp, numpy_fallback
 
 DEFAULT_CTX = 512  # llama-perplexity's
 
@@ -82,14 +82,15 @@ def _engine(args: argparse.Namespace) -> tuple[Engine, int]:
         # steps, for an arena of 257 MiB instead of 5 MiB); the context holds a chunk at least
         # (plan_for's chunk is DEFAULT_CHUNK)
         plan = plan_for(plan, max(args.ctx or DEFAULT_CTX, DEFAULT_CHUNK), max_seqs=DEFAULT_CHUNK)
-    limits = read_header(plan)[0]["limits"]
-    ctx = args.ctx or min(DEFAULT_CTX, limits["ctx"])
-    if ctx > limits["ctx"]:
-        raise InputError(f"--ctx {ctx} is over the plan's context of {limits['ctx']}: compile with --ctx {ctx}")
+    limits = read_header(plan)[0].limits
+    ctx = args.ctx or min(DEFAULT_CTX, limits.ctx)
+    if ctx > limits.ctx:
+        raise InputError(f"--ctx {ctx} is over the plan's context of {limits.ctx}: compile with --ctx {ctx}")
     if ctx < 4:
         raise InputError(f"--ctx {ctx}: a window needs at least 4 tokens")
     engine = Engine.load(plan, device=args.device, model_path=args.model,
-                         kv_blocks=kv_blocks_needed(limits["chunk"], ctx), threads=args.threads)
+                         kv_blocks=kv_blocks_needed(limits.chunk, ctx), threads=args.threads)
+    numpy_fallback.announce("eval", engine.header, engine.body, plan, is_gguf(args.plan))
     return engine, ctx
 
 
@@ -101,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     wins = windows(ids, ctx, args.stride, tok.bos if tok.vocab.add_bos else None)
     scored = sum(w.scored for w in wins)
     vocab = eval_base.vocab_fingerprint(tok)
-    n_vocab = engine.body["config"]["vocab_size"]
+    n_vocab = engine.body.config["vocab_size"]
     stride = args.stride or 0
     bases: dict[str, Any] = {}  # name -> a source of base rows: .take(index, targets), .model
     if args.against:

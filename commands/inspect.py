@@ -12,19 +12,21 @@ from collections import Counter
 from typing import Any
 
 from llmplan.core.console import format_table, human_bytes, plural, print_json
+from llmplan.core.devices import DeviceFacts
 from llmplan.core.errors import InputError
-from llmplan.core.layouts import LAYOUTS, layout_bytes
+from llmplan.core.layouts import LAYOUTS, weight_bytes_beyond_file
 from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.plan_records import PlanBody, PlanHeader, RopeTable, to_wire
 from llmplan.core.planfile import read_body, read_header
 
 
-def runs_on(device: dict[str, Any], body: dict[str, Any]) -> str:
+def runs_on(device: DeviceFacts, body: PlanBody) -> str:
     """Which runtime driver runs a plan for this device, on which kernels."""
-    if device["backend"] == "cpu":
-        cpu = body["cpu"]
-        kernels = f"compiled kernels, SIMD path {cpu['isa']}" if cpu["kernels"] == "native" else "NumPy kernels"
-        return f"the cpu driver on {device['arch']} ({kernels})"
-    return (f"the {device['backend']} driver on a {device['arch']} GPU, or the emulated GPU on any CPU "
+    if device.backend == "cpu":
+        cpu = body.cpu
+        kernels = f"compiled kernels, SIMD path {cpu.isa}" if cpu.kernels == "native" else "NumPy kernels"
+        return f"the cpu driver on {device.arch} ({kernels})"
+    return (f"the {device.backend} driver on a {device.arch} GPU, or the emulated GPU on any CPU "
             "(plan run --device emu)")
 
 
@@ -39,86 +41,74 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _layouts(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def _layouts(body: PlanBody) -> dict[str, dict[str, Any]]:
     """Per layout: the tensors held in it, their bytes, whether they are copies, and why."""
     out: dict[str, dict[str, Any]] = {}
-    for name, w in body["weights"].items():
-        for layout, info in w["layouts"].items():
+    for name, w in body.weights.items():
+        for layout, info in w.layouts.items():
             d = out.setdefault(layout, {"tensors": [], "bytes": 0, "copies": LAYOUTS[layout].copies,
                                         "why": LAYOUTS[layout].why})
             d["tensors"].append(name)
-            d["bytes"] += info["bytes"]
+            d["bytes"] += info.bytes
     return out
 
 
-def weight_bytes_beyond_file(w: dict[str, Any]) -> int:
-    """What a weight costs beyond the mapped file: its copies made at load, less its file bytes where
-    every layout is a copy (the runtime releases those pages: models/gguf.py GGUFFile.release)."""
-    copies = sum(info["bytes"] for layout, info in w["layouts"].items() if LAYOUTS[layout].copies)
-    if w["layouts"] and all(LAYOUTS[layout].copies for layout in w["layouts"]):
-        copies -= layout_bytes("plain", w["format"], tuple(w["shape"]))
-    return copies
-
-
-def held_beyond_file(header: dict[str, Any], body: dict[str, Any], layouts: dict[str, dict[str, Any]],
+def held_beyond_file(header: PlanHeader, body: PlanBody, layouts: dict[str, dict[str, Any]],
                      kv_bytes: int) -> dict[str, int]:
     """The memory a run holds besides the mapped GGUF, by what it is: arena, K/V cache, rope tables,
     weight copies (norm vectors as float32, relayouts) less the file pages they release, step-state
     slots."""
     tables = {}
-    for p in body["phases"].values():
-        for launch in p["launches"]:
-            for k in launch["kernels"]:
-                for ref in k["args"]:
-                    if "rope_table" in ref:
-                        t = ref["rope_table"]
-                        positions = t["positions"] if isinstance(t["positions"], int) else p["dims"][t["positions"]]
-                        tables[repr(sorted(t.items()))] = positions * t["dims"] * 4  # [positions, dims / 2, 2] f32
-    state = sum(4 * math.prod(d if isinstance(d, int) else p["dims"][d] for d in s["shape"])
-                for p in body["phases"].values() for s in p["state"].values())
-    out = {"arena": body["arena_bytes"], "kv_cache": kv_bytes, "rope_tables": sum(tables.values()),
-           "weight_copies": sum(weight_bytes_beyond_file(w) for w in body["weights"].values()), "step_state": state}
+    for p in body.phases.values():
+        for launch in p.launches:
+            for k in launch.kernels:
+                for t in k.args:
+                    if isinstance(t, RopeTable):
+                        positions = t.positions if isinstance(t.positions, int) else p.dims[t.positions]
+                        tables[t] = positions * t.dims * 4  # [positions, dims / 2, 2] f32
+    state = sum(4 * math.prod(d if isinstance(d, int) else p.dims[d] for d in s.shape)
+                for p in body.phases.values() for s in p.state.values())
+    out = {"arena": body.arena_bytes, "kv_cache": kv_bytes, "rope_tables": sum(tables.values()),
+           "weight_copies": sum(weight_bytes_beyond_file(w) for w in body.weights.values()), "step_state": state}
     return out | {"total": sum(out.values())}
 
 
-def summarize(header: dict[str, Any], body: dict[str, Any]) -> dict[str, Any]:
+def summarize(header: PlanHeader, body: PlanBody) -> dict[str, Any]:
     layouts = _layouts(body)
     phases = {}
-    for name, p in body["phases"].items():
+    for name, p in body.phases.items():
         phases[name] = {
-            "launches": len(p["launches"]),
-            "kernels": dict(Counter(f"{l['family']}/{l['member']}" for l in p["launches"])),
-            "arena_bytes": p["arena_bytes"],
-            "activation_bytes_unshared": p["activation_bytes"],
-            "dims": p["dims"],
+            "launches": len(p.launches),
+            "kernels": dict(Counter(f"{l.family}/{l.member}" for l in p.launches)),
+            "arena_bytes": p.arena_bytes,
+            "activation_bytes_unshared": p.activation_bytes,
+            "dims": p.dims,
         }
-    decisions = Counter(l["provenance"] for p in body["phases"].values() for l in p["launches"] if "decision" not in l)
-    pruned = Counter(f"{m}: {why}" for p in body["phases"].values() for l in p["launches"]
-                     for m, why in l.get("pruned", {}).items())
-    cfg, lim = body["config"], header["limits"]
+    decisions = Counter(l.provenance for p in body.phases.values() for l in p.launches if not l.decision)
+    pruned = Counter(f"{m}: {why}" for p in body.phases.values() for l in p.launches for m, why in l.pruned.items())
+    cfg, lim = body.config, header.limits
     block_bytes = cfg["n_layers"] * 2 * PAGE * cfg["n_kv_heads"] * cfg["head_dim"] * 2  # f16 K and V of every layer
-    cpu = {k: v for k, v in body["cpu"].items() if k != "source"} if "cpu" in body else None
-    native = "gpu" in body or body["cpu"]["kernels"] == "native"
+    cpu = {k: v for k, v in to_wire(body.cpu).items() if k != "source"} if body.cpu else None
+    native = body.gpu is not None or body.cpu.kernels == "native"
     return {
-        "format": header["format"], "llmplan": header["llmplan"], "device": header["device"],
-        "runs_on": runs_on(header["device"], body), "cpu": cpu,
-        "toolchain": header["toolchain"], "model": header["model"], "limits": header["limits"],
-        "arena_bytes": body["arena_bytes"],
-        "kv_cache": {"blocks": lim["kv_blocks"], "block_tokens": PAGE, "block_bytes": block_bytes,
-                     "bytes": lim["kv_blocks"] * block_bytes,
-                     "full_context_sequences": lim["kv_blocks"] // pages_for(lim["ctx"])},
-        "kernels": sorted(body["kernels"]) if native else
-        sorted({f"{l['family']}/{l['member']}" for p in body["phases"].values() for l in p["launches"]}),
-        "cache": body["cache"],
-        "phases": phases, "decisions": dict(decisions), "tuning": body.get("tune"), "pruned": dict(pruned),
-        "weights": {"count": len(body["weights"]), "layouts": layouts,
+        "format": header.format, "llmplan": header.llmplan, "device": to_wire(header.device),
+        "runs_on": runs_on(header.device, body), "cpu": cpu,
+        "toolchain": header.toolchain, "model": to_wire(header.model), "limits": to_wire(lim),
+        "arena_bytes": body.arena_bytes,
+        "kv_cache": {"blocks": lim.kv_blocks, "block_tokens": PAGE, "block_bytes": block_bytes,
+                     "bytes": lim.kv_blocks * block_bytes,
+                     "full_context_sequences": lim.kv_blocks // pages_for(lim.ctx)},
+        "kernels": sorted(body.kernels) if native else
+        sorted({f"{l.family}/{l.member}" for p in body.phases.values() for l in p.launches}),
+        "cache": to_wire(body.cache),
+        "phases": phases, "decisions": dict(decisions), "tuning": to_wire(body.tune), "pruned": dict(pruned),
+        "weights": {"count": len(body.weights), "layouts": layouts,
                     "held_bytes": sum(d["bytes"] for d in layouts.values()),
                     "copied_bytes": sum(d["bytes"] for d in layouts.values() if d["copies"])},
-        "declines": {ph: d for ph, d in body["declines"].items()},
-        "held_beyond_file": None if "gpu" in body else
-        held_beyond_file(header, body, layouts, lim["kv_blocks"] * block_bytes),
-        "device_memory": body["device_memory"] if "gpu" in body else None,
-        "decode_bytes_per_token": body["decode_bytes_per_token"],
+        "declines": dict(body.declines),
+        "held_beyond_file": None if body.gpu else held_beyond_file(header, body, layouts, lim.kv_blocks * block_bytes),
+        "device_memory": body.device_memory if body.gpu else None,
+        "decode_bytes_per_token": body.decode_bytes_per_token,
     }
 
 
@@ -151,26 +141,26 @@ def _manifest_table(manifests: dict[str, dict[str, Any]]) -> str:
 def run(args: argparse.Namespace) -> int:
     header, offset = read_header(args.plan)
     body = read_body(args.plan, offset, header)
-    gpu, cpu = body.get("gpu"), body.get("cpu")
-    if (args.kernels or args.source) and gpu is None and cpu["kernels"] != "native":
-        raise InputError(f"{args.plan} is a CPU plan on the NumPy twins (runtime/numpy_kernels.py): {cpu['why']}")
+    gpu, cpu = body.gpu, body.cpu
+    if (args.kernels or args.source) and gpu is None and cpu.kernels != "native":
+        raise InputError(f"{args.plan} is a CPU plan on the NumPy twins (runtime/numpy_kernels.py): {cpu.why}")
     if args.source:
-        sys.stdout.write(_kernel_source((gpu or cpu)["source"], args.source))
+        sys.stdout.write(_kernel_source((gpu or cpu).source, args.source))
         return 0
     if args.kernels and gpu is None:
-        rows = [(name, ", ".join(k["params"])) for name, k in sorted(body["kernels"].items())]
+        rows = [(name, ", ".join(k.params)) for name, k in sorted(body.kernels.items())]
         if args.json:
-            print_json({"isa": cpu["isa"], "compiler": cpu["compiler"], "kernels": body["kernels"]})
+            print_json({"isa": cpu.isa, "compiler": cpu.compiler, "kernels": to_wire(body.kernels)})
         else:
-            print(f"{len(rows)} kernels for the CPU, SIMD path {cpu['isa']} ({cpu['compiler']})")
+            print(f"{len(rows)} kernels for the CPU, SIMD path {cpu.isa} ({cpu.compiler})")
             print(format_table(["kernel", "parameters"], rows))
         return 0
     if args.kernels:
         if args.json:
-            print_json({"target": gpu["target"], "compiler": gpu["compiler"], "manifests": gpu["manifests"]})
+            print_json({"target": gpu.target, "compiler": gpu.compiler, "manifests": gpu.manifests})
         else:
-            print(f"{len(gpu['manifests'])} kernels for {gpu['target']} ({gpu['compiler']})")
-            print(_manifest_table(gpu["manifests"]))
+            print(f"{len(gpu.manifests)} kernels for {gpu.target} ({gpu.compiler})")
+            print(_manifest_table(gpu.manifests))
         return 0
     s = summarize(header, body)
     if args.json:
@@ -207,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     for why, n in s["pruned"].items():
         print(f"  pruned   {plural(n, 'launch', 'launches')}: {why}")
     w = s["weights"]
-    where = ("held on the device" if "gpu" in body else
+    where = ("held on the device" if body.gpu else
              f"{human_bytes(s['held_beyond_file']['weight_copies'])} beyond the mapped file, whose pages of the tensors "
              "held only in copies are released")
     print(f"  weights  {plural(w['count'], 'tensor')}, by the layout their kernels read; {human_bytes(w['copied_bytes'])} "

@@ -24,7 +24,7 @@ from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, Result, SamplingParams
 from llmplan.runtime.trace import Trace, span
 
-from . import llama_cpp
+from . import llama_cpp, numpy_fallback
 
 EMU_DEFAULT_TARGET = "sm_90"
 
@@ -133,6 +133,7 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
         plan = _plan(args)
     engine = Engine.load(plan, device=args.device, model_path=args.model, max_seqs=args.max_seqs,
                          kv_blocks=args.kv_blocks, trace=trace, threads=args.threads)
+    numpy_fallback.announce("run", engine.header, engine.body, plan, is_gguf(args.plan))
     if args.prompts_file:
         if args.dump_logits:
             raise InputError("--dump-logits takes a single prompt (-p)")
@@ -155,9 +156,9 @@ def _run(args: argparse.Namespace, trace: Trace | None) -> int:
     if not args.json:
         sys.stdout.write("\n")
         sys.stdout.flush()
-    reason = _reason(result, request.max_tokens, engine.limits["ctx"])
+    reason = _reason(result, request.max_tokens, engine.limits.ctx)
     if reason == "context":
-        print(f"plan: stopped at the plan's context of {engine.limits['ctx']} tokens, after {len(result.ids)} of "
+        print(f"plan: stopped at the plan's context of {engine.limits.ctx} tokens, after {len(result.ids)} of "
               f"{request.max_tokens} tokens (a larger --ctx holds more)", file=sys.stderr)
     theirs = _bench(engine, result, args.threads) if args.bench else None
     if args.json:
@@ -217,7 +218,7 @@ def _many(engine: Engine, prompts: list[tuple[str, dict[str, Any]]], args: argpa
             results[i] = Result([], finish_reason="error", error=str(e))
     t0 = time.perf_counter()
     for i, request, r in zip(where, requests, engine.run(requests)):
-        results[i], reasons[i] = r, _reason(r, request.max_tokens, engine.limits["ctx"])
+        results[i], reasons[i] = r, _reason(r, request.max_tokens, engine.limits.ctx)
     wall = time.perf_counter() - t0
     if args.json:
         print_json([_as_json(r, why) for r, why in zip(results, reasons)])

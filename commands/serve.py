@@ -11,6 +11,8 @@ from llmplan.core.console import add_threads
 from llmplan.core.errors import InputError
 from llmplan.models.gguf import is_gguf
 
+from . import numpy_fallback
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="serve a plan (or a GGUF) over an OpenAI-compatible HTTP API",
@@ -64,8 +66,10 @@ def run(args: argparse.Namespace) -> int:
 
             max_seqs = max_seqs or 8
             plan = plan_for(plan, args.ctx, max_seqs)
-        return Engine.load(plan, device=args.device, model_path=args.model, max_seqs=max_seqs,
-                           kv_blocks=args.kv_blocks, threads=args.threads)
+        engine = Engine.load(plan, device=args.device, model_path=args.model, max_seqs=max_seqs,
+                             kv_blocks=args.kv_blocks, threads=args.threads)
+        numpy_fallback.announce("serve", engine.header, engine.body, plan, is_gguf(args.plan))
+        return engine
 
     serve(load, host=args.host, port=args.port, name=args.name, api_key=args.api_key or None, queue=args.queue,
           max_body=args.max_body, grace=args.grace, log_level=args.log_level)

@@ -99,7 +99,7 @@ def _isa_probe(model, device, args: argparse.Namespace):
 def _tune_gpu(model, phases, table, device, store: TuneStore, round_seconds: float) -> list[dict]:
     """Probe every GPU decision on the local device (tuning/gpu_members.py) into the store."""
     found, built = gpu_members.decisions(phases, table, device)
-    runner = gpu_members.ProbeRunner(driver_for(device.backend), device.to_dict(), model.file, table, built, found)
+    runner = gpu_members.ProbeRunner(driver_for(device.backend), device, model.file, table, built, found)
     rows = []
     for d in tqdm(found, desc="probing", unit="decision", disable=None, file=sys.stderr):
         v = runner.verdict(d, round_seconds)

@@ -4,6 +4,9 @@ Each layout is a NumPy structured dtype, so `raw.view(fmt.layout)` names every f
 without copying. Dequantization follows gguf-py's `gguf.quants.dequantize` operation for operation
 (the same float32 products in the same order), so results are bit-identical to it; the tests check
 that on every tensor of the real model files.
+
+These tables are the one source of the format facts: the kernels' C++/CUDA/HIP format codes, block
+sizes and field bytes are generated from them (codegen/format_header.py writes codegen/kernels/formats.h).
 """
 
 from __future__ import annotations
@@ -25,10 +28,20 @@ class Format:
     type: T
     block: int  # values per block
     layout: np.dtype  # one block
+    sub: int = 0  # values per scale: a K-quant's sub-block; left 0, the whole block (one scale)
+
+    def __post_init__(self):
+        if not self.sub:
+            object.__setattr__(self, "sub", self.block)
 
     @property
     def block_bytes(self) -> int:
         return self.layout.itemsize
+
+    @property
+    def has_min(self) -> bool:
+        """Whether a block subtracts a scaled min (field m or dmin) besides its scale."""
+        return "m" in self.layout.names or "dmin" in self.layout.names
 
     def row_bytes(self, n: int) -> int:
         if n % self.block:
@@ -61,12 +74,16 @@ FORMATS: dict[str, Format] = {
         Format("Q5_0", T.Q5_0, 32, _layout(("d", F16_), ("qh", "<u4"), ("qs", U8, 16))),
         Format("Q5_1", T.Q5_1, 32, _layout(("d", F16_), ("m", F16_), ("qh", "<u4"), ("qs", U8, 16))),
         Format("Q8_0", T.Q8_0, 32, _layout(("d", F16_), ("qs", I8, 32))),
-        Format("Q2_K", T.Q2_K, QK_K, _layout(("scales", U8, 16), ("qs", U8, 64), ("d", F16_), ("dmin", F16_))),
-        Format("Q3_K", T.Q3_K, QK_K, _layout(("hmask", U8, 32), ("qs", U8, 64), ("scales", U8, 12), ("d", F16_))),
-        Format("Q4_K", T.Q4_K, QK_K, _layout(("d", F16_), ("dmin", F16_), ("scales", U8, 12), ("qs", U8, 128))),
+        Format("Q2_K", T.Q2_K, QK_K, _layout(("scales", U8, 16), ("qs", U8, 64), ("d", F16_), ("dmin", F16_)),
+               sub=16),
+        Format("Q3_K", T.Q3_K, QK_K, _layout(("hmask", U8, 32), ("qs", U8, 64), ("scales", U8, 12), ("d", F16_)),
+               sub=16),
+        Format("Q4_K", T.Q4_K, QK_K, _layout(("d", F16_), ("dmin", F16_), ("scales", U8, 12), ("qs", U8, 128)),
+               sub=32),
         Format("Q5_K", T.Q5_K, QK_K,
-               _layout(("d", F16_), ("dmin", F16_), ("scales", U8, 12), ("qh", U8, 32), ("qs", U8, 128))),
-        Format("Q6_K", T.Q6_K, QK_K, _layout(("ql", U8, 128), ("qh", U8, 64), ("scales", I8, 16), ("d", F16_))),
+               _layout(("d", F16_), ("dmin", F16_), ("scales", U8, 12), ("qh", U8, 32), ("qs", U8, 128)), sub=32),
+        Format("Q6_K", T.Q6_K, QK_K, _layout(("ql", U8, 128), ("qh", U8, 64), ("scales", I8, 16), ("d", F16_)),
+               sub=16),
     ]
 }
 _BY_TYPE = {f.type: f for f in FORMATS.values()}
@@ -92,6 +109,9 @@ ACTIVATION_FORMAT = {
     "q2_k": "q8_k", "q3_k": "q8_k", "q4_k": "q8_k", "q5_k": "q8_k", "q6_k": "q8_k",
 }
 PACK_BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}  # values per packed block
+# The activation formats a kernel takes or stores, in the order the kernels number them (LP_ACT_*): the
+# pack formats, 8-bit blocks first, then plain f32 values.
+ACTIVATIONS = (*PACK_BLOCK, "f32")
 
 
 # --- field planes --------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from .formats import FORMATS, Format, dequantize, k_scale_min, nibbles, planes, q6k_values
+from .plan_records import WeightInfo
 
 
 def _rows_k(shape: tuple[int, ...]) -> tuple[int, int]:
@@ -33,7 +34,7 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
-ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6 BYTES)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6, through formats.h)
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
@@ -154,6 +155,15 @@ LAYOUTS: dict[str, Layout] = {
 
 def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
     return LAYOUTS[layout].bytes(FORMATS[fmt.upper()], tuple(shape))
+
+
+def weight_bytes_beyond_file(w: WeightInfo) -> int:
+    """What a plan's weight costs beyond the mapped file: its copies made at load, less its file bytes
+    where every layout is a copy (the runtime releases those pages)."""
+    copies = sum(info.bytes for layout, info in w.layouts.items() if LAYOUTS[layout].copies)
+    if w.layouts and all(LAYOUTS[layout].copies for layout in w.layouts):
+        copies -= layout_bytes("plain", w.format, tuple(w.shape))
+    return copies
 
 
 def make(layout: str, raw: np.ndarray, fmt: str, shape: tuple[int, ...],

@@ -3,8 +3,8 @@ operand it updates in place. The op's schema and meaning live in the IR's regist
 ir/fused.py); a test holds the two tables to the same ops.
 
 A kernel family is one catalog entry with an implementation per backend: the CPU backend's NumPy twin
-(runtime/numpy_kernels.py KERNELS[family]) and the GPU template module (codegen/families/<family>.py;
-"matmul" has two, matvec for a few rows and gemm for more, which the planner picks between).
+(runtime/numpy_kernels.py KERNELS[family]), the GPU template modules and the CPU target's module, which
+MODULES names: the one place an op's family leads to its code.
 """
 
 from __future__ import annotations
@@ -48,3 +48,31 @@ TRAITS: dict[str, OpTraits] = {
     "tail_argmax": OpTraits("tail"),
 }
 FAMILIES = sorted({t.family for t in TRAITS.values() if t.family})
+
+
+@dataclass(frozen=True)
+class Modules:
+    """Where a family's code is: its GPU template modules in codegen/families/ (matmul has two, the
+    mat-vec for a few activation rows, then the GEMM tiles for more: plans/select.py picks) and its CPU
+    target module in codegen/cpu_families/ (one `attention` module holds both attention families)."""
+
+    gpu: tuple[str, ...]
+    cpu: str
+
+
+MODULES: dict[str, Modules] = {
+    "embed": Modules(("embed",), "embed"),
+    "norm": Modules(("norm",), "norm"),
+    "matmul": Modules(("matvec", "gemm"), "matmul"),
+    "rope_kv": Modules(("rope_kv",), "rope_kv"),
+    "attention_prefill": Modules(("attention_prefill",), "attention"),
+    "attention_decode": Modules(("attention_decode",), "attention"),
+    "glu": Modules(("glu",), "glu"),
+    "elementwise": Modules(("elementwise",), "elementwise"),
+    "tail": Modules(("tail",), "tail"),
+}
+
+
+def ops_of(family: str) -> tuple[str, ...]:
+    """The ops a family implements."""
+    return tuple(op for op, t in TRAITS.items() if t.family == family)

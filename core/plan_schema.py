@@ -1,73 +1,56 @@
-"""The plan body's schema, checked when a plan is read: every field a runtime uses, present, of its type,
-and consistent with the others (references in range, sizes matching what their dtype, shape, format
-and layout make). A body that fails gets a PlanError naming the field, e.g.
-`phases.decode.launches[3].kernels[0].args[2]: unknown argument kind 'foo'`, never a KeyError later.
+"""What a plan body must hold beyond its types (core/plan_records.py checks those as it reads): every
+reference in range, every size what its dtype, shape, format and layout make, every kernel call's
+arguments matching its kernel's parameters. A body that fails gets a SchemaError naming the field,
+e.g. `phases.decode.launches[3].kernels[0].args[2]: buffer 9 of 7`, never an IndexError later.
 
-Argument references (plans/lower.py, codegen/kernel.py): {"buf": i} an arena buffer of the phase,
-{"state": name} a step-state input, {"cache": 1} the K/V cache, {"weight": name, "layout": L} a model
-tensor in a device layout (core/layouts.py), {"scratch": name, "dtype", "shape", "offset", "bytes"} a
-kernel's private arena range, {"rope_table": {base, scale, dims, factors, positions}} a table the
-runtime builds, {"i32": int or symbol} / {"f32": number} scalars.
-
-A GPU plan has a `gpu` section (its translation unit, binary, manifests); a CPU plan a `cpu` section:
-{"kernels": "native", "isa", "compiler", "source", "why"} when its calls are the CPU target's compiled
-kernels (in the kernel table), {"kernels": "numpy", "why"} when they are the NumPy twins.
+A GPU plan has a `gpu` section (its translation unit, binary, manifests); a CPU plan a `cpu` section
+whose `kernels` is "native" (the CPU target's compiled kernels, in the kernel table) or "numpy" (the
+NumPy twins, each call named numpy.<family>).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
-from .errors import InputError
 from .formats import ACTIVATION_FORMATS, FORMATS, SCALAR_BYTES, value_bytes
 from .layouts import LAYOUTS, layout_bytes
 from .op_traits import FAMILIES, TRAITS
+from .plan_records import (
+    F32,
+    I32,
+    MEMORY,
+    Buf,
+    Cache,
+    KernelCall,
+    Launch,
+    Phase,
+    PlanBody,
+    Ref,
+    RopeTable,
+    SchemaError,
+    Scratch,
+    State,
+    Weight,
+)
 
 PHASES = ("prefill", "decode", "decode-batch")
 NUMPY_PREFIX = "numpy."  # kernel calls of the NumPy CPU backend: numpy.<family>
-C_SCALARS = {"int": "i32", "unsigned": "i32", "float": "f32"}
+C_SCALARS = {"int": I32, "unsigned": I32, "float": F32}
 CPU_KERNELS = ("native", "numpy")  # a CPU plan's calls: the compiled kernels, or the NumPy twins
 DTYPES = set(SCALAR_BYTES) | {f.lower() for f in ACTIVATION_FORMATS}
-
-
-class SchemaError(InputError):
-    """A plan body that does not hold together; planfile.py turns it into a PlanError with the path."""
 
 
 def _fail(where: str, problem: str) -> None:
     raise SchemaError(f"{where}: {problem}")
 
 
-def _get(obj: Any, key: str, kind: type | tuple[type, ...], where: str) -> Any:
-    if not isinstance(obj, dict):
-        _fail(where, f"expected a map, got {type(obj).__name__}")
-    if key not in obj:
-        _fail(where, f"missing field {key!r}")
-    value = obj[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-        _fail(f"{where}.{key}", f"expected {' or '.join(k.__name__ for k in kinds)}, got {type(value).__name__}")
-    return value
-
-
-def _int(obj: Any, key: str, where: str, low: int = 0) -> int:
-    v = _get(obj, key, int, where)
-    if v < low:
-        _fail(f"{where}.{key}", f"{v} is below {low}")
-    return v
-
-
-def _shape(shape: Any, dims: dict[str, int], where: str) -> list[int]:
+def _shape(shape: tuple, dims: dict[str, int], where: str) -> list[int]:
     """The shape bound to the phase's bounds; every symbol must be one of its dims."""
-    if not isinstance(shape, list):
-        _fail(where, "a shape must be a list")
     out = []
     for i, d in enumerate(shape):
         if isinstance(d, str):
             if d not in dims:
                 _fail(f"{where}[{i}]", f"unknown dimension {d!r} (the phase binds {', '.join(sorted(dims))})")
             out.append(dims[d])
-        elif isinstance(d, int) and not isinstance(d, bool) and d >= 0:
+        elif d >= 0:
             out.append(d)
         else:
             _fail(f"{where}[{i}]", f"a dimension must be a size or a symbol, got {d!r}")
@@ -75,224 +58,187 @@ def _shape(shape: Any, dims: dict[str, int], where: str) -> list[int]:
 
 
 class _Checker:
-    def __init__(self, body: dict[str, Any]):
+    def __init__(self, body: PlanBody):
         self.body = body
-        self.weights = _get(body, "weights", dict, "body")
-        self.kernels = _get(body, "kernels", dict, "body")
 
     def check(self) -> None:
         b = self.body
-        for key, kind in (("config", dict), ("ir", dict), ("declines", dict), ("tune", dict)):
-            _get(b, key, kind, "body")
-        self.arena = _int(b, "arena_bytes", "body")
-        self._cache(_get(b, "cache", dict, "body"))
-        for name, w in self.weights.items():
+        _nonneg(b.arena_bytes, "body.arena_bytes")
+        self._cache()
+        for name, w in b.weights.items():
             self._weight(name, w)
-        for name, k in self.kernels.items():
-            self._kernel_entry(name, k)
-        self.numpy = False
-        if "gpu" in b:
-            gpu = _get(b, "gpu", dict, "body")
-            for key, kind in (("target", str), ("source", str), ("binary", bytes), ("manifests", dict)):
-                _get(gpu, key, kind, "gpu")
-        else:
-            cpu = _get(b, "cpu", dict, "body")
-            _get(cpu, "why", str, "cpu")
-            kind = _get(cpu, "kernels", str, "cpu")
-            if kind not in CPU_KERNELS:
-                _fail("cpu.kernels", f"{kind!r} is not one of {', '.join(CPU_KERNELS)}")
-            self.numpy = kind == "numpy"
+        for name, k in b.kernels.items():
+            if not all(p for p in k.params):
+                _fail(f"kernels.{name}.params", "parameter types must be C type names")
+            if k.block < 1:
+                _fail(f"kernels.{name}.block", f"{k.block} is below 1")
+        if (b.gpu is None) == (b.cpu is None):
+            _fail("body", "a plan has either a gpu or a cpu section")
+        self.numpy = b.cpu is not None and b.cpu.kernels == "numpy"
+        if b.cpu is not None:
+            if b.cpu.kernels not in CPU_KERNELS:
+                _fail("cpu.kernels", f"{b.cpu.kernels!r} is not one of {', '.join(CPU_KERNELS)}")
             if not self.numpy:
                 for key in ("isa", "compiler", "source"):
-                    _get(cpu, key, str, "cpu")
-        phases = _get(b, "phases", dict, "body")
+                    if not getattr(b.cpu, key):
+                        _fail("cpu", f"missing field {key!r}")
         for phase in PHASES:
-            self._phase(phase, _get(phases, phase, dict, "phases"))
+            if phase not in b.phases:
+                _fail("phases", f"missing field {phase!r}")
+            self._phase(phase, b.phases[phase])
 
-    def _cache(self, c: dict[str, Any]) -> None:
-        if _get(c, "dtype", str, "cache") != "f16":
-            _fail("cache.dtype", f"the K/V cache is f16, not {c['dtype']}")
-        shape = _get(c, "shape", list, "cache")
-        page = _int(c, "page", "cache", 1)
-        if len(shape) != 5 or shape[2] != "blocks" or shape[3] != page or shape[1] != 2:
-            _fail("cache.shape", f"expected [layers, 2, 'blocks', {page}, kv features], got {shape}")
-        _shape([d for d in shape if d != "blocks"], {}, "cache.shape")
+    def _cache(self) -> None:
+        c = self.body.cache
+        if c.dtype != "f16":
+            _fail("cache.dtype", f"the K/V cache is f16, not {c.dtype}")
+        if c.page < 1:
+            _fail("cache.page", f"{c.page} is below 1")
+        s = c.shape
+        if len(s) != 5 or s[2] != "blocks" or s[3] != c.page or s[1] != 2:
+            _fail("cache.shape", f"expected [layers, 2, 'blocks', {c.page}, kv features], got {list(s)}")
+        _shape(tuple(d for d in s if d != "blocks"), {}, "cache.shape")
 
-    def _weight(self, name: str, w: dict[str, Any]) -> None:
+    def _weight(self, name: str, w) -> None:
         where = f"weights.{name}"
-        fmt = _get(w, "format", str, where)
-        if fmt.upper() not in FORMATS:
-            _fail(f"{where}.format", f"unknown format {fmt!r}")
-        shape = _shape(_get(w, "shape", list, where), {}, f"{where}.shape")
-        for layout, info in _get(w, "layouts", dict, where).items():
+        if w.format.upper() not in FORMATS:
+            _fail(f"{where}.format", f"unknown format {w.format!r}")
+        shape = _shape(w.shape, {}, f"{where}.shape")
+        for layout, info in w.layouts.items():
             at = f"{where}.layouts.{layout}"
             if layout not in LAYOUTS:
                 _fail(at, f"unknown layout (this runtime knows {', '.join(LAYOUTS)})")
-            if _int(info, "version", at) != LAYOUTS[layout].version:
-                _fail(f"{at}.version", f"layout version {info['version']}, this runtime makes version "
+            if info.version != LAYOUTS[layout].version:
+                _fail(f"{at}.version", f"layout version {info.version}, this runtime makes version "
                                        f"{LAYOUTS[layout].version}")
-            want = layout_bytes(layout, fmt, tuple(shape))
-            if _int(info, "bytes", at) != want:
-                _fail(f"{at}.bytes", f"{info['bytes']} bytes, but a {fmt} {shape} weight is {want} in this layout")
+            want = layout_bytes(layout, w.format, tuple(shape))
+            if info.bytes != want:
+                _fail(f"{at}.bytes", f"{info.bytes} bytes, but a {w.format} {shape} weight is {want} in this layout")
 
-    def _kernel_entry(self, name: str, k: dict[str, Any]) -> None:
-        where = f"kernels.{name}"
-        params = _get(k, "params", list, where)
-        if not all(isinstance(p, str) and p for p in params):
-            _fail(f"{where}.params", "parameter types must be C type names")
-        _int(k, "block", where, 1)
-
-    def _phase(self, phase: str, p: dict[str, Any]) -> None:
+    def _phase(self, phase: str, p: Phase) -> None:
         where = f"phases.{phase}"
-        dims = _get(p, "dims", dict, where)
-        for d, v in dims.items():
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        for d, v in p.dims.items():
+            if v < 1:
                 _fail(f"{where}.dims.{d}", f"a bound must be a positive size, got {v!r}")
-        self.dims = dict(dims)
-        for d in _get(p, "per_step", list, where):
-            if d not in dims:
+        self.dims, self.phase = p.dims, p
+        for d in p.per_step:
+            if d not in p.dims:
                 _fail(f"{where}.per_step", f"{d!r} is not one of the phase's dims")
-        self.state = _get(p, "state", dict, where)
-        for name, s in self.state.items():
+        for name, s in p.state.items():
             at = f"{where}.state.{name}"
-            if _get(s, "dtype", str, at) != "i32":
-                _fail(f"{at}.dtype", f"step state is i32, not {s['dtype']}")
-            _shape(_get(s, "shape", list, at), dims, f"{at}.shape")
+            if s.dtype != "i32":
+                _fail(f"{at}.dtype", f"step state is i32, not {s.dtype}")
+            _shape(s.shape, p.dims, f"{at}.shape")
         for name in ("tokens", "pos", "seq", "pages"):
-            if name not in self.state:
+            if name not in p.state:
                 _fail(f"{where}.state", f"missing step-state input {name!r}")
-        arena = _int(p, "arena_bytes", where)
-        if arena > self.arena:
-            _fail(f"{where}.arena_bytes", f"{arena} is over the plan's arena of {self.arena}")
-        self.buffers = _get(p, "buffers", list, where)
-        for i, b in enumerate(self.buffers):
+        _nonneg(p.arena_bytes, f"{where}.arena_bytes")
+        if p.arena_bytes > self.body.arena_bytes:
+            _fail(f"{where}.arena_bytes", f"{p.arena_bytes} is over the plan's arena of {self.body.arena_bytes}")
+        for i, b in enumerate(p.buffers):
             at = f"{where}.buffers[{i}]"
-            dtype = _get(b, "dtype", str, at)
-            if dtype not in DTYPES:
-                _fail(f"{at}.dtype", f"unknown dtype {dtype!r}")
-            shape = _shape(_get(b, "shape", list, at), dims, f"{at}.shape")
-            offset, size = _int(b, "offset", at), _int(b, "bytes", at)
-            if size != value_bytes(dtype, shape):
-                _fail(f"{at}.bytes", f"{size} bytes, but {dtype}{shape} is {value_bytes(dtype, shape)}")
-            if offset + size > arena:
-                _fail(at, f"bytes {offset}..{offset + size} are outside the phase's arena of {arena}")
-        for name, ref in _get(p, "outputs", dict, where).items():
+            if b.dtype not in DTYPES:
+                _fail(f"{at}.dtype", f"unknown dtype {b.dtype!r}")
+            shape = _shape(b.shape, p.dims, f"{at}.shape")
+            _nonneg(b.offset, f"{at}.offset")
+            if b.bytes != value_bytes(b.dtype, shape):
+                _fail(f"{at}.bytes", f"{b.bytes} bytes, but {b.dtype}{shape} is {value_bytes(b.dtype, shape)}")
+            if b.offset + b.bytes > p.arena_bytes:
+                _fail(at, f"bytes {b.offset}..{b.offset + b.bytes} are outside the phase's arena of {p.arena_bytes}")
+        for name, ref in p.outputs.items():
             self._ref(ref, f"{where}.outputs.{name}", memory_only=True)
-        for i, launch in enumerate(_get(p, "launches", list, where)):
-            self._launch(launch, f"{where}.launches[{i}]", arena)
+        for i, launch in enumerate(p.launches):
+            self._launch(launch, f"{where}.launches[{i}]")
 
-    def _launch(self, launch: dict[str, Any], where: str, arena: int) -> None:
-        op = _get(launch, "op", str, where)
-        if op not in TRAITS:
-            _fail(f"{where}.op", f"unknown op {op!r}")
-        family = _get(launch, "family", str, where)
-        if family not in FAMILIES:
-            _fail(f"{where}.family", f"unknown kernel family {family!r}")
-        _get(launch, "attrs", dict, where)
+    def _launch(self, launch: Launch, where: str) -> None:
+        if launch.op not in TRAITS:
+            _fail(f"{where}.op", f"unknown op {launch.op!r}")
+        if launch.family not in FAMILIES:
+            _fail(f"{where}.family", f"unknown kernel family {launch.family!r}")
         for key in ("args", "outs"):
-            for j, ref in enumerate(_get(launch, key, list, where)):
+            for j, ref in enumerate(getattr(launch, key)):
                 self._ref(ref, f"{where}.{key}[{j}]", memory_only=True, weight_layout=False)
-        serves = launch.get("serves", [])
-        if not isinstance(serves, list) or not all(isinstance(s, str) for s in serves):
-            _fail(f"{where}.serves", "expected a list of output names")
-        for j, k in enumerate(_get(launch, "kernels", list, where)):
-            self._call(k, f"{where}.kernels[{j}]", family, arena)
+        if not launch.kernels:
+            _fail(f"{where}.kernels", "a launch makes at least one kernel call")
+        for j, k in enumerate(launch.kernels):
+            self._call(k, f"{where}.kernels[{j}]", launch.family)
 
-    def _call(self, k: dict[str, Any], where: str, family: str, arena: int) -> None:
-        name = _get(k, "name", str, where)
-        args = _get(k, "args", list, where)
-        for i, g in enumerate(_get(k, "grid", list, where)):
-            ok = (isinstance(g, int) and g >= 0) or (isinstance(g, list) and len(g) == 2 and g[0] in self.dims
-                                                      and isinstance(g[1], int) and g[1] >= 1)
+    def _call(self, k: KernelCall, where: str, family: str) -> None:
+        for i, g in enumerate(k.grid):
+            ok = (g >= 0) if isinstance(g, int) else (g[0] in self.dims and g[1] >= 1)
             if not ok:
                 _fail(f"{where}.grid[{i}]", f"a grid dimension is a size or [symbol, per], got {g!r}")
-        _int(k, "block", where, 1)
-        _int(k, "smem", where)
-        if name.startswith(NUMPY_PREFIX) != self.numpy:
-            _fail(f"{where}.name", f"{name} in a plan whose cpu.kernels is "
+        if k.block < 1:
+            _fail(f"{where}.block", f"{k.block} is below 1")
+        _nonneg(k.smem, f"{where}.smem")
+        if k.name.startswith(NUMPY_PREFIX) != self.numpy:
+            _fail(f"{where}.name", f"{k.name} in a plan whose cpu.kernels is "
                                    f"{'numpy' if self.numpy else 'not numpy'}")
-        if name.startswith(NUMPY_PREFIX):
-            if name != NUMPY_PREFIX + family:
-                _fail(f"{where}.name", f"{name} is not the launch family's NumPy twin ({NUMPY_PREFIX}{family})")
-            for i, ref in enumerate(args):
+        if k.name.startswith(NUMPY_PREFIX):
+            if k.name != NUMPY_PREFIX + family:
+                _fail(f"{where}.name", f"{k.name} is not the launch family's NumPy twin ({NUMPY_PREFIX}{family})")
+            for i, ref in enumerate(k.args):
                 self._ref(ref, f"{where}.args[{i}]", memory_only=True)
             return
-        if name not in self.kernels:
-            _fail(f"{where}.name", f"kernel {name} is not in the plan's kernel table")
-        params = self.kernels[name]["params"]
-        if len(params) != len(args):
-            _fail(f"{where}.args", f"{len(args)} arguments for the {len(params)} parameters of {name}")
-        for i, (ctype, ref) in enumerate(zip(params, args)):
+        if k.name not in self.body.kernels:
+            _fail(f"{where}.name", f"kernel {k.name} is not in the plan's kernel table")
+        params = self.body.kernels[k.name].params
+        if len(params) != len(k.args):
+            _fail(f"{where}.args", f"{len(k.args)} arguments for the {len(params)} parameters of {k.name}")
+        for i, (ctype, ref) in enumerate(zip(params, k.args)):
             at = f"{where}.args[{i}]"
-            kind = self._ref(ref, at, scratch_in=arena)
+            self._ref(ref, at)
             if ctype in C_SCALARS:
-                if kind != C_SCALARS[ctype]:
-                    _fail(at, f"parameter {i} of {name} is a {ctype}, the argument is {kind}")
+                if not isinstance(ref, C_SCALARS[ctype]):
+                    _fail(at, f"parameter {i} of {k.name} is a {ctype}, the argument is {ref.KIND}")
             elif not ctype.endswith("*"):
-                _fail(f"kernels.{name}.params[{i}]", f"unknown parameter type {ctype!r}")
-            elif kind in ("i32", "f32"):
-                _fail(at, f"parameter {i} of {name} is a pointer ({ctype}), the argument a scalar")
+                _fail(f"kernels.{k.name}.params[{i}]", f"unknown parameter type {ctype!r}")
+            elif isinstance(ref, (I32, F32)):
+                _fail(at, f"parameter {i} of {k.name} is a pointer ({ctype}), the argument a scalar")
 
-    def _ref(self, ref: Any, where: str, memory_only: bool = False, weight_layout: bool = True,
-             scratch_in: int | None = None) -> str:
-        """Check one argument reference; returns its kind."""
-        if not isinstance(ref, dict) or not ref:
-            _fail(where, f"an argument must be a map, got {ref!r}")
-        kinds = [k for k in ("buf", "state", "cache", "weight", "scratch", "rope_table", "i32", "f32") if k in ref]
-        if len(kinds) != 1:
-            _fail(where, f"unknown argument kind {next(iter(ref))!r}" if not kinds else
-                  f"an argument has one kind, this has {', '.join(kinds)}")
-        kind = kinds[0]
-        if memory_only and kind not in ("buf", "state", "cache", "weight"):
-            _fail(where, f"a {kind} argument cannot appear here")
-        if kind == "buf":
-            i = _get(ref, "buf", int, where)
-            if not 0 <= i < len(self.buffers):
-                _fail(where, f"buffer {i} of {len(self.buffers)}")
-        elif kind == "state":
-            if _get(ref, "state", str, where) not in self.state:
-                _fail(where, f"unknown step-state input {ref['state']!r}")
-        elif kind == "weight":
-            name = _get(ref, "weight", str, where)
-            if name not in self.weights:
-                _fail(where, f"unknown weight {name!r}")
-            if weight_layout:
-                layout = _get(ref, "layout", str, where)
-                if layout not in self.weights[name]["layouts"]:
-                    _fail(f"{where}.layout", f"weight {name} is not held in layout {layout!r}")
-        elif kind == "scratch":
-            _get(ref, "scratch", str, where)
-            dtype = _get(ref, "dtype", str, where)
-            if dtype not in DTYPES:
-                _fail(f"{where}.dtype", f"unknown dtype {dtype!r}")
-            shape = _shape(_get(ref, "shape", list, where), self.dims, f"{where}.shape")
-            offset, size = _int(ref, "offset", where), _int(ref, "bytes", where)
-            if size < value_bytes(dtype, shape):
-                _fail(f"{where}.bytes", f"{size} bytes for {dtype}{shape} ({value_bytes(dtype, shape)})")
-            if scratch_in is not None and offset + size > scratch_in:
-                _fail(where, f"bytes {offset}..{offset + size} are outside the phase's arena of {scratch_in}")
-        elif kind == "rope_table":
-            t = _get(ref, "rope_table", dict, where)
-            _int(t, "dims", f"{where}.rope_table", 2)
-            for key in ("base", "scale"):
-                _get(t, key, (int, float), f"{where}.rope_table")
-            if t.get("factors") is not None and t["factors"] not in self.weights:
-                _fail(f"{where}.rope_table.factors", f"unknown weight {t['factors']!r}")
-            positions = t.get("positions")
-            if not (isinstance(positions, int) or positions in self.dims):
-                _fail(f"{where}.rope_table.positions", f"a size or a dimension, got {positions!r}")
-        elif kind == "i32":
-            v = ref["i32"]
-            if not (isinstance(v, int) and not isinstance(v, bool)) and v not in self.dims:
-                _fail(where, f"an i32 is an integer or a dimension, got {v!r}")
-        elif kind == "f32":
-            if not isinstance(ref["f32"], (int, float)) or isinstance(ref["f32"], bool):
-                _fail(where, f"an f32 is a number, got {ref['f32']!r}")
-        return kind
+    def _ref(self, ref: Ref, where: str, memory_only: bool = False, weight_layout: bool = True) -> None:
+        if memory_only and not isinstance(ref, MEMORY):
+            _fail(where, f"a {ref.KIND} argument cannot appear here")
+        p = self.phase
+        if isinstance(ref, Buf):
+            if not 0 <= ref.index < len(p.buffers):
+                _fail(where, f"buffer {ref.index} of {len(p.buffers)}")
+        elif isinstance(ref, State):
+            if ref.name not in p.state:
+                _fail(where, f"unknown step-state input {ref.name!r}")
+        elif isinstance(ref, Weight):
+            if ref.name not in self.body.weights:
+                _fail(where, f"unknown weight {ref.name!r}")
+            if weight_layout and ref.layout not in self.body.weights[ref.name].layouts:
+                _fail(f"{where}.layout", f"weight {ref.name} is not held in layout {ref.layout!r}")
+        elif isinstance(ref, Scratch):
+            if ref.dtype not in DTYPES:
+                _fail(f"{where}.dtype", f"unknown dtype {ref.dtype!r}")
+            shape = _shape(ref.shape, self.dims, f"{where}.shape")
+            _nonneg(ref.offset, f"{where}.offset")
+            if ref.bytes < value_bytes(ref.dtype, shape):
+                _fail(f"{where}.bytes", f"{ref.bytes} bytes for {ref.dtype}{shape} ({value_bytes(ref.dtype, shape)})")
+            if ref.offset + ref.bytes > p.arena_bytes:
+                _fail(where, f"bytes {ref.offset}..{ref.offset + ref.bytes} are outside the phase's arena of "
+                             f"{p.arena_bytes}")
+        elif isinstance(ref, RopeTable):
+            if ref.dims < 2:
+                _fail(f"{where}.rope_table.dims", f"{ref.dims} is below 2")
+            if ref.factors is not None and ref.factors not in self.body.weights:
+                _fail(f"{where}.rope_table.factors", f"unknown weight {ref.factors!r}")
+            if not (isinstance(ref.positions, int) or ref.positions in self.dims):
+                _fail(f"{where}.rope_table.positions", f"a size or a dimension, got {ref.positions!r}")
+        elif isinstance(ref, I32):
+            if isinstance(ref.value, str) and ref.value not in self.dims:
+                _fail(where, f"an i32 is an integer or a dimension, got {ref.value!r}")
+        elif not isinstance(ref, (Cache, F32)):
+            _fail(where, f"unknown argument {ref!r}")
 
 
-def check_body(body: Any) -> None:
+def _nonneg(v: int, where: str) -> None:
+    if v < 0:
+        _fail(where, f"{v} is below 0")
+
+
+def check_body(body: PlanBody) -> None:
     """Raise SchemaError naming the first field that does not hold."""
-    if not isinstance(body, dict):
-        _fail("body", f"expected a map, got {type(body).__name__}")
     _Checker(body).check()

@@ -17,7 +17,8 @@ from typing import Any, Protocol
 import msgpack
 
 from .errors import InputError
-from .plan_schema import SchemaError, check_body
+from .plan_records import PlanBody, PlanHeader, SchemaError, record_from_wire, to_wire
+from .plan_schema import check_body
 
 MAGIC = b"LLMPLAN\0"
 FORMAT_VERSION = 3  # 2: self-describing bodies (step state, cache, kernel parameters, weight layouts); 3: the cpu section
@@ -72,9 +73,9 @@ def _unpack(data: bytes, what: str, path: str) -> Any:
         raise PlanError(f"{path}: the plan's {what} does not decode ({type(e).__name__}): recompile the plan") from None
 
 
-def write_plan(path: str | os.PathLike, header: dict[str, Any], body: dict[str, Any]) -> int:
+def write_plan(path: str | os.PathLike, header: PlanHeader, body: PlanBody) -> int:
     """Write atomically; returns the file size."""
-    h, b = _pack(header | {"format": FORMAT_VERSION}), _pack(body)
+    h, b = _pack(to_wire(header)), _pack(to_wire(body))
     data = b"".join([MAGIC, struct.pack("<II", FORMAT_VERSION, len(h)), h, hashlib.sha256(h).digest(),
                      struct.pack("<Q", len(b)), b, hashlib.sha256(b).digest()])
     tmp = os.fspath(path) + ".part"
@@ -84,13 +85,13 @@ def write_plan(path: str | os.PathLike, header: dict[str, Any], body: dict[str, 
     return len(data)
 
 
-def recompile_hint(header: dict[str, Any] | None, device: str | None = None) -> str:
-    model = (header or {}).get("model", {}).get("path", "MODEL.gguf")
-    dev = device or (header or {}).get("device", {}).get("backend", "cpu")
+def recompile_hint(header: PlanHeader | None, device: str | None = None) -> str:
+    model = header.model.path if header else "MODEL.gguf"
+    dev = device or (header.device.backend if header else "cpu")
     return f"recompile with: plan compile {model} --device {dev}"
 
 
-def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
+def read_header(path: str | os.PathLike) -> tuple[PlanHeader, int]:
     """The checked header and the offset where the body section starts."""
     path = os.fspath(path)
     size = os.path.getsize(path)
@@ -108,27 +109,30 @@ def read_header(path: str | os.PathLike) -> tuple[dict[str, Any], int]:
         h = f.read(hlen)
         if hashlib.sha256(h).digest() != f.read(_DIGEST):
             raise PlanError(f"{path}: the plan's header is corrupt (checksum mismatch): {recompile_hint(None)}")
-    header = _unpack(h, "header", path)
-    if not isinstance(header, dict) or header.get("format") != FORMAT_VERSION:
+    raw = _unpack(h, "header", path)
+    try:
+        header = record_from_wire(PlanHeader, raw, "header")
+    except SchemaError as e:
+        raise PlanError(f"{path}: the plan's header is malformed ({e}): {recompile_hint(None)}") from None
+    if header.format != FORMAT_VERSION:
         raise PlanError(f"{path}: the plan's header is malformed: {recompile_hint(None)}")
     return header, 16 + hlen + _DIGEST
 
 
-def check_header(path: str, header: dict[str, Any], device_key: str | None, model: ModelFile | None) -> None:
+def check_header(path: str, header: PlanHeader, device_key: str | None, model: ModelFile | None) -> None:
     """Refuse a plan for another device (unless `device_key` is None: the emulated GPU runs any GPU plan)
     or from another model file."""
-    want = header.get("device", {}).get("key")
+    want = header.device.key
     if device_key is not None and want != device_key:
-        arch = header.get("device", {}).get("arch", want)
         here = device_key.split(":")[0]
-        raise PlanError(f"{path}: compiled for {arch} ({want}), this device is {device_key}: "
+        raise PlanError(f"{path}: compiled for {header.device.arch} ({want}), this device is {device_key}: "
                         f"{recompile_hint(header, here)}")
-    if model is not None and header.get("model", {}).get("fingerprint") != model_fingerprint(model):
+    if model is not None and header.model.fingerprint != model_fingerprint(model):
         raise PlanError(f"{path}: compiled from another model file than {model.path} (size or hashes differ): "
-                        f"{recompile_hint(header, header['device'].get('backend'))}")
+                        f"{recompile_hint(header)}")
 
 
-def read_body(path: str | os.PathLike, offset: int, header: dict[str, Any] | None = None) -> dict[str, Any]:
+def read_body(path: str | os.PathLike, offset: int, header: PlanHeader | None = None) -> PlanBody:
     path = os.fspath(path)
     size = os.path.getsize(path)
     with open(path, "rb") as f:
@@ -142,15 +146,17 @@ def read_body(path: str | os.PathLike, offset: int, header: dict[str, Any] | Non
         b = f.read(blen)
         if hashlib.sha256(b).digest() != f.read(_DIGEST):
             raise PlanError(f"{path}: the plan's body is corrupt (checksum mismatch): {recompile_hint(None)}")
-    body = _unpack(b, "body", path)
+    raw = _unpack(b, "body", path)
     try:
+        body = record_from_wire(PlanBody, raw, "")
         check_body(body)
     except SchemaError as e:
         raise PlanError(f"{path}: the plan's body is inconsistent: {e}: {recompile_hint(header)}") from None
     return body
 
 
-def read_plan(path: str | os.PathLike, device_key: str | None, model: ModelFile | None = None) -> tuple[dict, dict]:
+def read_plan(path: str | os.PathLike, device_key: str | None,
+              model: ModelFile | None = None) -> tuple[PlanHeader, PlanBody]:
     """Header and body of a plan usable on `device_key` (and compiled from `model`, when given)."""
     header, offset = read_header(path)
     check_header(os.fspath(path), header, device_key, model)

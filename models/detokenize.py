@@ -1,11 +1,12 @@
 """Token ids back to bytes and text, as llama.cpp's token_to_piece.
 
 A token's piece is: its text for control, unknown and user-defined tokens (control and unknown ones
-only when special tokens are shown); for SentencePiece normal tokens, the text with the U+2581 space
-marker made a space; for byte-level BPE normal tokens, the bytes that GPT-2's printable characters
-stand for; for `<0xNN>` byte tokens, that byte; nothing for unused or undefined tokens. Text is the
-pieces joined, as llama-cpp-python detokenizes: llama.cpp's llama_detokenize would also drop spaces
-before punctuation for BPE vocabularies ("clean_spaces"), which breaks round trips, so we do not.
+only when special tokens are shown); for SentencePiece normal tokens, and BPE ones where spaces were
+escaped (Gemma 4), the text with the U+2581 space marker made a space; for other BPE normal tokens, the
+bytes that GPT-2's printable characters stand for; for `<0xNN>` byte tokens, that byte; nothing for
+unused or undefined tokens. Text is the pieces joined, as llama-cpp-python detokenizes: llama.cpp's
+llama_detokenize would also drop spaces before punctuation for most BPE vocabularies ("clean_spaces"),
+which breaks round trips, so we do not.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ class Pieces:
     def __init__(self, vocab: Vocab):
         self._vocab = vocab
         self._cache: dict[int, bytes] = {}
-        self._char_to_byte = {c: b for b, c in enumerate(byte_to_char())} if vocab.kind == "bpe" else {}
+        self._spaces_marked = vocab.kind == "spm" or vocab.escape_whitespaces
+        self._char_to_byte = {} if self._spaces_marked else {c: b for b, c in enumerate(byte_to_char())}
 
     def check(self, ids: Iterable[int]) -> list[int]:
         """`ids` as a list, each checked to be a token of this vocabulary."""
@@ -60,7 +62,7 @@ class Pieces:
         if attr & _SHOWN:
             return text.encode()
         if attr & Attr.NORMAL:
-            if self._vocab.kind == "spm":
+            if self._spaces_marked:
                 return text.replace(SPACE_MARKER, " ").encode()
             return self._byte_level(text)
         if attr & Attr.BYTE:

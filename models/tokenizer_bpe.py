@@ -1,16 +1,17 @@
-"""Byte-level BPE (`tokenizer.ggml.model = gpt2`): pre-tokenize, map bytes to GPT-2's printable
-characters, merge by rank.
+"""BPE (`tokenizer.ggml.model = gpt2`, or `gemma4`): pre-tokenize, map bytes to GPT-2's printable
+characters (or keep the UTF-8 text, for the few pre-tokenizers that do), merge by rank.
 
 The merge loop is llama.cpp's: within one pre-token, the adjacent pair with the lowest rank in
 tokenizer.ggml.merges merges first (ties: leftmost), one pair at a time, until no pair has a rank; a
-symbol left that is not a token is spelled with its single-byte tokens. Pre-tokens repeat a lot in
-real text, so their ids are cached.
+symbol left that is not a token is spelled with its single-byte tokens (GPT-2's byte characters, or
+`<0xNN>` tokens for UTF-8 text). Pre-tokens repeat a lot in real text, so their ids are cached.
 """
 
 from __future__ import annotations
 
 import heapq
 
+from .pre_tokenizers import NAMES, TYPES
 from .pretokenize import pre_tokenizer
 from .vocab import Vocab
 
@@ -37,10 +38,13 @@ class BpeModel:
     """Encodes raw text (no special tokens in it) into token ids, as llama.cpp's BPE session."""
 
     def __init__(self, vocab: Vocab):
+        pre_type = TYPES[NAMES[vocab.pre].type]
         self._token_to_id = vocab.token_to_id
         self._ignore_merges = vocab.ignore_merges
-        self._split = pre_tokenizer(vocab.pre)
-        self._byte_map = {b: c for b, c in enumerate(byte_to_char())}
+        self._newline_words = pre_type.newline_words
+        self._escape_whitespaces = vocab.escape_whitespaces
+        self._split = pre_tokenizer(pre_type.expressions)
+        self._byte_map = {b: c for b, c in enumerate(byte_to_char())} if pre_type.byte_encode else None
         ranks: dict[tuple[str, str], int] = {}
         for rank, merge in enumerate(vocab.merges):
             cut = merge.find(" ", 1)  # the first space after the first character, as llama.cpp
@@ -49,12 +53,15 @@ class BpeModel:
         self._cache: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
+        if self._escape_whitespaces:
+            text = text.replace(" ", "\u2581")
         out: list[int] = []
         cache = self._cache
         for word in self._split(text):
             ids = cache.get(word)
             if ids is None:
-                ids = self._merge(word.encode().decode("latin-1").translate(self._byte_map))
+                ids = self._merge(word if self._byte_map is None else
+                                  word.encode().decode("latin-1").translate(self._byte_map))
                 if len(word) <= _CACHE_WORD_CHARS:  # long pre-tokens (whitespace runs) rarely repeat
                     if len(cache) >= _CACHE_WORDS:
                         cache.clear()
@@ -64,7 +71,7 @@ class BpeModel:
 
     def _merge(self, word: str) -> list[int]:
         token_to_id = self._token_to_id
-        if self._ignore_merges:
+        if self._ignore_merges or (self._newline_words and not word.strip("\n")):
             tid = token_to_id.get(word)
             if tid is not None:
                 return [tid]
@@ -101,5 +108,6 @@ class BpeModel:
             if tid is not None:
                 ids.append(tid)
             else:  # llama.cpp spells it with single-byte tokens and drops bytes that have none
-                ids.extend(token_to_id[c] for c in symbol if c in token_to_id)
+                single = symbol if self._byte_map is not None else (f"<0x{b:02X}>" for b in symbol.encode())
+                ids.extend(token_to_id[c] for c in single if c in token_to_id)
         return ids

@@ -16,6 +16,7 @@ from gguf import GGUFValueType
 
 from .errors import TokenizerError
 from .gguf import GGUFFile
+from .pre_tokenizers import NAMES, TYPES
 from .strings import StringArray, StringIndex
 
 
@@ -34,14 +35,6 @@ class Attr:
 # tokenizer.ggml.token_type values (gguf's TokenType: 1 normal ... 6 byte) -> attributes; others undefined
 _TYPE_ATTR = np.array([Attr.UNDEFINED, Attr.NORMAL, Attr.UNKNOWN, Attr.CONTROL, Attr.USER_DEFINED, Attr.UNUSED,
                        Attr.BYTE], np.uint8)
-
-# BPE pre-tokenizer names -> the regex family llama.cpp uses for them
-PRE_TOKENIZERS = {
-    "default": "default",
-    "gpt-2": "gpt2",
-    **{name: "llama3" for name in ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral",
-                                   "midm-2.0", "lfm2", "jina-v5-nano")},
-}
 
 # Token texts llama.cpp recognises when the metadata does not name the id (llama-vocab.cpp, load()).
 _EOT_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
@@ -78,8 +71,9 @@ class Vocab:
     attrs: np.ndarray  # uint8 Attr bits per token
     token_to_id: StringIndex  # a repeated text maps to its last id, as in llama.cpp
     merges: StringArray
-    pre: str  # BPE regex family: "llama3", "gpt2" or "default"; "" for SPM
+    pre: str  # BPE: the pre-tokenizer's name, a key of pre_tokenizers.NAMES; "" for SPM
     ignore_merges: bool  # BPE: a pre-token that is a whole token skips the merges
+    escape_whitespaces: bool  # BPE: spaces are U+2581 in the tokens (Gemma 4's SentencePiece-style BPE)
     bos: int | None
     eos: int | None
     eot: int | None
@@ -90,6 +84,7 @@ class Vocab:
     eog: frozenset[int]
     special_ids: tuple[int, ...]  # control, user-defined and unknown tokens, longest text first
     chat_template: str | None = None
+    rstrip: frozenset[int] = frozenset()  # special tokens that swallow the whitespace after them
 
     @property
     def n_tokens(self) -> int:
@@ -141,9 +136,9 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
         raise TokenizerError(f"{path}: tokenizer.ggml.model must be a string")
     if model in ("no_vocab", "none"):
         raise TokenizerError(f"{path}: the model has no vocabulary (tokenizer.ggml.model = {model!r})")
-    if model not in ("llama", "gpt2"):
-        raise TokenizerError(f"{path}: unsupported tokenizer.ggml.model {model!r} "
-                             "(supported: 'llama' for SentencePiece, 'gpt2' for byte-level BPE)")
+    if model not in ("llama", "gpt2", "gemma4"):
+        raise TokenizerError(f"{path}: unsupported tokenizer.ggml.model {model!r} (supported: 'llama' for "
+                             "SentencePiece, 'gpt2' for byte-level BPE, 'gemma4' for Gemma 4's BPE)")
     kind = "spm" if model == "llama" else "bpe"
 
     tokens = _array(gguf, "tokenizer.ggml.tokens", (GGUFValueType.STRING,), None)
@@ -165,27 +160,27 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
     token_to_id = StringIndex(tokens)
 
     merges = StringArray.of([])
-    pre = ""
-    ignore_merges = False
+    pre_name, pre = "", None
     if kind == "spm":
         add_bos, add_space_prefix, defaults = True, True, {"bos": 1, "eos": 2, "unknown": 0}
     else:
-        merges = _array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,), None)
-        if merges is None:
-            raise TokenizerError(f"{path}: a gpt2 (BPE) vocabulary needs tokenizer.ggml.merges")
-        name = gguf.get("tokenizer.ggml.pre")
-        if name is None or (isinstance(name, str) and not name):
-            name = "default"  # as llama.cpp (which warns)
-        if not isinstance(name, str) or name not in PRE_TOKENIZERS:
-            raise TokenizerError(f"{path}: unknown pre-tokenizer tokenizer.ggml.pre = {name!r} "
-                                 f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
-        pre = PRE_TOKENIZERS[name]
-        ignore_merges = add_bos = pre == "llama3"
-        add_space_prefix, defaults = False, {"bos": 11, "eos": 11, "unknown": None}
+        pre_name = _pre_tokenizer_name(gguf, model)
+        pre = NAMES[pre_name]
+        found = _array(gguf, "tokenizer.ggml.merges", (GGUFValueType.STRING,), None)
+        if found is not None:
+            merges = found
+        elif pre_name != "kimi-k2":  # as llama.cpp: Kimi K2 files may carry no merges
+            raise TokenizerError(f"{path}: a {model} (BPE) vocabulary needs tokenizer.ggml.merges")
+        add_bos, add_space_prefix = pre.add_bos, False
+        # llama.cpp's defaults: 11 for the gpt2 model (GPT-2's own ids), none for gemma4's
+        bos = 11 if model == "gpt2" and pre.keeps_bos_id else None
+        defaults = {"bos": bos, "eos": 11 if model == "gpt2" else None, "unknown": None}
 
     ids = {k: _token_id(gguf, f"tokenizer.ggml.{k}_token_id", defaults.get(k), n)
            for k in ("bos", "eos", "unknown", *_AUTO_IDS)}
     add_bos = _flag(gguf, "tokenizer.ggml.add_bos_token", add_bos)
+    if pre is not None and TYPES[pre.type].force_bos:
+        add_bos = True  # llama.cpp's Gemma 4 workaround, whatever the file says
     add_eos = _flag(gguf, "tokenizer.ggml.add_eos_token", False)
     add_space_prefix = _flag(gguf, "tokenizer.ggml.add_space_prefix", add_space_prefix)
     for name, what in (("bos", add_bos), ("eos", add_eos)):
@@ -206,12 +201,39 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
     special = np.flatnonzero(attrs & (Attr.CONTROL | Attr.USER_DEFINED | Attr.UNKNOWN))
     special = special[np.argsort(-tokens.lengths[special], kind="stable")].tolist()
     template = gguf.get("tokenizer.chat_template")
+    name = gguf.get("general.name")
     return Vocab(
-        kind=kind, tokens=tokens, scores=scores, attrs=attrs, token_to_id=token_to_id, merges=merges, pre=pre,
-        ignore_merges=ignore_merges, bos=ids["bos"], eos=ids["eos"], eot=ids["eot"], unk=ids["unknown"],
+        kind=kind, tokens=tokens, scores=scores, attrs=attrs, token_to_id=token_to_id, merges=merges,
+        pre=pre_name, ignore_merges=pre is not None and pre.ignore_merges,
+        escape_whitespaces=pre is not None and pre.escape_whitespaces,
+        bos=ids["bos"], eos=ids["eos"], eot=ids["eot"], unk=ids["unknown"],
         add_bos=add_bos, add_eos=add_eos, add_space_prefix=add_space_prefix, eog=eog,
         special_ids=tuple(special), chat_template=template if isinstance(template, str) else None,
+        rstrip=_rstrip(name if isinstance(name, str) else "", special, token_to_id),
     )
+
+
+def _rstrip(model_name: str, special: list[int], token_to_id: StringIndex) -> frozenset[int]:
+    """The special tokens after which llama.cpp drops whitespace (its RSTRIP attribute): for a model named
+    Phi-3, every special token and </s> but <unk>, <s> and <|endoftext|> (llama-vocab.cpp, load())."""
+    if not any(n in model_name.lower() for n in ("phi-3", "phi3")):
+        return frozenset()
+    ids = set(special) | {token_to_id[t] for t in ("</s>",) if t in token_to_id}
+    return frozenset(ids - {token_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in token_to_id})
+
+
+def _pre_tokenizer_name(gguf: GGUFFile, model: str) -> str:
+    """tokenizer.ggml.pre, as llama.cpp reads it: 'default' when missing or empty (llama.cpp warns), and
+    always 'gemma4' for the gemma4 tokenizer model."""
+    if model == "gemma4":
+        return "gemma4"
+    name = gguf.get("tokenizer.ggml.pre")
+    if name is None or (isinstance(name, str) and not name):
+        return "default"
+    if not isinstance(name, str) or name not in NAMES:
+        raise TokenizerError(f"{gguf.path}: unknown pre-tokenizer tokenizer.ggml.pre = {name!r} "
+                             f"(supported: {', '.join(sorted(NAMES))})")
+    return name
 
 
 def _end_of_generation(tokens: StringArray, attrs: np.ndarray, token_to_id: StringIndex,

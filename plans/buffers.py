@@ -26,26 +26,28 @@ def type_bytes(t: Type, dims: dict[str, int]) -> int:
 
 
 @dataclass(frozen=True)
-class Buffer:
+class Interval:
+    """A value's bytes and lifetime in launch order."""
+
     id: int
     bytes: int
     first: int  # index of the launch that writes it
     last: int  # index of the last launch that reads it (or the end, for outputs)
 
 
-def place(buffers: list[Buffer]) -> tuple[dict[int, int], int]:
-    """Offsets for buffers so that no two live at once overlap; returns (offsets, arena bytes)."""
+def place(intervals: list[Interval]) -> tuple[dict[int, int], int]:
+    """Offsets for intervals so that no two live at once overlap; returns (offsets, arena bytes)."""
     g = nx.Graph()
-    g.add_nodes_from(b.id for b in buffers)
-    by_start = sorted(buffers, key=lambda b: b.first)
+    g.add_nodes_from(b.id for b in intervals)
+    by_start = sorted(intervals, key=lambda b: b.first)
     for i, a in enumerate(by_start):
         for b in by_start[i + 1:]:
             if b.first > a.last:
                 break
             g.add_edge(a.id, b.id)
-    size = {b.id: -(-b.bytes // ALIGN) * ALIGN for b in buffers}
+    size = {b.id: -(-b.bytes // ALIGN) * ALIGN for b in intervals}
     offsets: dict[int, int] = {}
-    for b in sorted(buffers, key=lambda b: (-size[b.id], b.first, b.id)):
+    for b in sorted(intervals, key=lambda b: (-size[b.id], b.first, b.id)):
         taken = sorted((offsets[n], offsets[n] + size[n]) for n in g.neighbors(b.id) if n in offsets)
         at = 0
         for lo, hi in taken:

@@ -38,6 +38,7 @@ from tqdm import tqdm
 
 from llmplan.core import numerics as num
 from llmplan.core.devices import DeviceFacts
+from llmplan.core.plan_records import Buffer, Launch, Phase
 from llmplan.core.tune_store import TuneStore, Verdict, provenance, record
 
 PANELS = (256 << 10, 1 << 20, 4 << 20, 0)  # 0: one panel over all of w
@@ -72,10 +73,10 @@ class Projection:
         return f"cpu:matmul:k{self.k}:n{'+'.join(map(str, self.ns))}:rows{self.rows}"
 
 
-def projection(launch: dict[str, Any], buffers: list[dict[str, Any]], dims: dict[str, int],
+def projection(launch: Launch, buffers: list[Buffer], dims: dict[str, int],
                weights: dict[str, tuple[str, tuple[int, ...]]]) -> Projection | None:
     """The projection a launch computes, or None for a launch that is not one."""
-    op, args = launch["op"], launch["args"]
+    op, args = launch.op, launch.args
     if op in ("matmul", "matmul_segmented"):
         ws = args[1:]
     elif op == "matmul_residual":
@@ -84,8 +85,8 @@ def projection(launch: dict[str, Any], buffers: list[dict[str, Any]], dims: dict
         ws = args[2:3]
     else:
         return None
-    rows = buffers[args[0]["buf"]]["shape"][0]
-    shapes = [weights[w["weight"]][1] for w in ws]
+    rows = buffers[args[0].index].shape[0]
+    shapes = [weights[w.name][1] for w in ws]
     return Projection(shapes[0][1], tuple(s[0] for s in shapes), rows if isinstance(rows, int) else dims[rows])
 
 
@@ -126,7 +127,7 @@ def last_level_cache() -> int:
 class Decision:
     key: str
     projection: Any  # what the best strategy depends on (a Projection; the compiled kernels' own)
-    launches: list[dict[str, Any]] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
     phases: dict[str, int] = field(default_factory=dict)  # launches per phase
     strategy: Any = DEFAULT  # a Strategy (or the compiled kernels' Schedule)
     provenance: str = ""
@@ -155,8 +156,8 @@ class Panels:
         return build_id()
 
     @staticmethod
-    def apply(launch: dict[str, Any], s: Strategy) -> None:
-        launch["member"], launch["attrs"]["strategy"] = s.name, s.attrs()
+    def apply(launch: Launch, s: Strategy) -> None:
+        launch.member, launch.attrs["strategy"] = s.name, s.attrs()
 
 
 @dataclass(frozen=True)
@@ -171,7 +172,7 @@ class Probes:
     every: bool = False
 
 
-def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], device: DeviceFacts,
+def tune(phases: dict[str, Phase], weights: dict[str, tuple[str, tuple[int, ...]]], device: DeviceFacts,
          store: TuneStore, kind: Any = Panels, probes: Probes | None = None) -> list[Decision]:
     """Decide every projection of a CPU plan and write it into the launches; returns the decisions
     (projections with more than one candidate). `kind` is what is decided: the NumPy twins' panels
@@ -180,13 +181,13 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
     `probes.every`); without probes, the heuristic decides."""
     decisions: dict[str, Decision] = {}
     for phase, p in phases.items():
-        for launch in p["launches"]:
-            proj = kind.projection(launch, p["buffers"], p["dims"], weights)
+        for launch in p.launches:
+            proj = kind.projection(launch, p.buffers, p.dims, weights)
             if proj is None:
                 continue
             kind.apply(launch, kind.default)
             if len(kind.candidates(proj)) == 1:
-                launch["provenance"] = kind.single
+                launch.provenance = kind.single
                 continue
             d = decisions.setdefault(proj.key, Decision(proj.key, proj, strategy=kind.default))
             d.launches.append(launch)
@@ -211,7 +212,7 @@ def tune(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[
     for d in decisions.values():
         for launch in d.launches:
             kind.apply(launch, d.strategy)
-            launch["provenance"], launch["decision"] = d.provenance, d.key
+            launch.provenance, launch.decision = d.provenance, d.key
     return list(decisions.values())
 
 

@@ -16,55 +16,54 @@ import hashlib
 import importlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
-from llmplan.codegen import cpu_build, toolchain
-from llmplan.codegen.cpu_families import FAMILY_MODULE, matmul
+from llmplan.codegen import cpu_build
+from llmplan.codegen.cpu_families import matmul
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.core.devices import DeviceFacts
 from llmplan.core.errors import InputError
+from llmplan.core.op_traits import MODULES
+from llmplan.core.plan_records import CpuSection, KernelCall, KernelInfo, Phase, Weight
 from llmplan.core.tune_store import TIE, TuneStore, Verdict, provenance, record
 
 from . import cpu_decisions
 
-NO_COMPILER = ("no C++ compiler (clang++-19 is not on PATH): the NumPy twins run (runtime/numpy_kernels.py), "
-               "dequantizing projections to float32 at load; install clang-19 and recompile for the native kernels")
 
-
-def _vector(ref: dict[str, Any]) -> dict[str, Any]:
+def _vector(ref):
     """A weight argument the family leaves unnamed is a float vector (norms): held as float32."""
-    return ref | {"layout": "f32"} if "weight" in ref and "layout" not in ref else ref
+    return Weight(ref.name, "f32") if isinstance(ref, Weight) and not ref.layout else ref
 
 
-def lower_native(phases: dict[str, dict[str, Any]], table: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, Kernel]:
+def lower_native(phases: dict[str, Phase], table: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, Kernel]:
     """Replace every launch's NumPy call with its compiled kernel calls; returns the kernels by name."""
     kernels: dict[str, Kernel] = {}
+    relaid = {lay for lay, _, _ in matmul.RELAYOUT.values()}
     for p in phases.values():
-        ctx = Context(p["buffers"], table, None, p["dims"])
-        for launch in p["launches"]:
-            family = importlib.import_module(f"llmplan.codegen.cpu_families.{FAMILY_MODULE[launch['op']]}")
+        ctx = Context(p.buffers, table, None, p.dims)
+        for launch in p.launches:
+            family = importlib.import_module(f"llmplan.codegen.cpu_families.{MODULES[launch.family].cpu}")
             calls = family.launches(launch, ctx)
-            launch["kernels"] = [{"name": ln.kernel.name, "grid": list(ln.grid), "block": 1, "smem": 0,
-                                  "args": [_vector(a) for a in ln.args]} for ln in calls]
-            if "decision" not in launch:
-                launch["member"] = "native"
-                launch["provenance"] = f"cpu target: the {launch['family']} family's compiled kernel"
+            launch.kernels = [KernelCall(ln.kernel.name, ln.grid, 1, 0, [_vector(a) for a in ln.args]) for ln in calls]
+            if not launch.decision:
+                launch.member = "native"
+                launch.provenance = f"cpu target: the {launch.family} family's compiled kernel"
             kernels.update({ln.kernel.name: ln.kernel for ln in calls})
             # the records the driver makes at load, with the plan's own code (matmul.relayout)
-            made = [matmul.relayout(table[a["weight"]][0]) for ln in calls for a in ln.args
-                    if a.get("layout") in {lay for lay, _, _ in matmul.RELAYOUT.values()}]
+            made = [matmul.relayout(table[a.name][0]) for ln in calls for a in ln.args
+                    if isinstance(a, Weight) and a.layout in relaid]
             kernels.update({k.name: k for k in made})
     return kernels
 
 
-def section(kernels: dict[str, Kernel], source: str, isa: str, why: str) -> dict[str, Any]:
+def section(kernels: dict[str, Kernel], source: str, isa: str, why: str) -> tuple[dict[str, KernelInfo], CpuSection]:
     """The plan's kernel table (name -> parameter types) and its `cpu` section: the kernels' translation
     unit (cpu_build.render), its SIMD path and `why` that one."""
-    return {"kernels": {name: {"params": list(k.params), "block": 1} for name, k in sorted(kernels.items())},
-            "cpu": {"kernels": "native", "isa": isa, "compiler": toolchain.version(toolchain.clang()),
-                    "source": source,
-                    "why": f"the CPU target's compiled kernels, SIMD path {isa} ({why}; this machine runs "
-                           f"{', '.join(cpu_build.host_isas())})"}}
+    cxx = cpu_build.compiler()
+    return ({name: KernelInfo(list(k.params), 1) for name, k in sorted(kernels.items())},
+            CpuSection("native", f"the CPU target's compiled kernels, SIMD path {isa} ({why}; this machine runs "
+                                 f"{', '.join(cpu_build.host_isas())}), built with {cxx.describe()}",
+                       isa, cxx.identity, source))
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def isa_candidates() -> list[str]:
     return [isa for isa in reversed(cpu_build.host_isas()) if isa != "scalar"] or ["scalar"]
 
 
-def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], table, source: str,
+def choose_isa(isa: str | None, arch: str, phases: dict[str, Phase], table, source: str,
                device: DeviceFacts, store: TuneStore, probe: Callable[[list[str]], Verdict] | None = None,
                ) -> tuple[str, str, cpu_decisions.Decision | None]:
     """The SIMD path a plan is built for, why (the plan's cpu section says it), and its tune decision
@@ -95,12 +94,12 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], ta
         if isa not in cpu_build.host_isas():
             raise InputError(f"--isa {isa}: this machine runs {', '.join(cpu_build.host_isas())}")
         return isa, f"--isa {isa}", None
-    step = [(l["op"], l["attrs"], [table[a["weight"]] for a in l["args"] if "weight" in a])
-            for l in phases["decode"]["launches"]]
+    step = [(l.op, l.attrs, [table[a.name] for a in l.args if isinstance(a, Weight)])
+            for l in phases["decode"].launches]
     key = (f"cpu:isa:{arch}:decode-{hashlib.sha256(json.dumps(step).encode()).hexdigest()[:12]}"
-           f":ctx{phases['decode']['dims']['ctx']}")
+           f":ctx{phases['decode'].dims['ctx']}")
     build_id = hashlib.sha256("\0".join([source, repr((cpu_build.FLAGS, cpu_build.ISAS)),
-                                         toolchain.version(toolchain.clang())]).encode()).hexdigest()[:16]
+                                         cpu_build.compiler().identity]).encode()).hexdigest()[:16]
     cands = isa_candidates()
     look = store.load(device.tune_key, key, build_id)
     winner = look.entry["winner"] if look.entry else None
@@ -109,7 +108,7 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], ta
     if len(cands) == 1:
         only = "the only path" + (" besides the scalar reference" if cands[0] != "scalar" else "")
         return cands[0], "; ".join(filter(None, [only, unusable and f"entry {look.id} {unusable}"])), None
-    d = cpu_decisions.Decision(key, None, phases={ph: len(p["launches"]) for ph, p in phases.items()},
+    d = cpu_decisions.Decision(key, None, phases={ph: len(p.launches) for ph, p in phases.items()},
                             strategy=SimdPath(cands[0]))
     if probe is not None:
         entry = record(probe(cands), device.tune_key, key, build_id)
@@ -133,6 +132,7 @@ def choose_isa(isa: str | None, arch: str, phases: dict[str, dict[str, Any]], ta
     return w, f"tuned: {w} {why} (entry {d.entry})", d
 
 
-def fallback() -> dict[str, Any]:
-    """The plan's record when the NumPy twins stay."""
-    return {"kernels": {}, "cpu": {"kernels": "numpy", "why": NO_COMPILER}}
+def fallback() -> tuple[dict[str, KernelInfo], CpuSection]:
+    """The plan's record when the NumPy twins stay (runtime/numpy_kernels.py: projections dequantized to
+    float32 at load)."""
+    return {}, CpuSection("numpy", cpu_build.no_compiler())

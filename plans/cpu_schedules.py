@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families import matmul
+from llmplan.core.plan_records import I32, Launch, Phase, Weight
 from llmplan.models.gguf import GGUFFile
 
 from . import cpu_decisions
@@ -56,7 +56,7 @@ class Shape:
 
     kernel: str
     projection: cpu_decisions.Projection
-    phase: dict[str, Any] = field(compare=False, hash=False, repr=False)
+    phase: Phase = field(compare=False, hash=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -69,7 +69,7 @@ class NativeTasks:
 
     single = ""  # every projection has candidates
 
-    def __init__(self, lib: CpuLibrary, file: GGUFFile, phases: dict[str, dict[str, Any]]):
+    def __init__(self, lib: CpuLibrary, file: GGUFFile, phases: dict[str, Phase]):
         self.lib, self.file, self.phases = lib, file, phases
         self.default = IN_CACHE if file.size <= cpu_decisions.last_level_cache() else DEFAULT
 
@@ -77,14 +77,14 @@ class NativeTasks:
         p = cpu_decisions.projection(launch, buffers, dims, weights)
         if p is None:
             return None
-        phase = next(ph for ph in self.phases.values() if ph["buffers"] is buffers)
-        return Shape(launch["kernels"][0]["name"], p, phase)
+        phase = next(ph for ph in self.phases.values() if ph.buffers is buffers)
+        return Shape(launch.kernels[0].name, p, phase)
 
     def candidates(self, shape: Shape) -> list[Schedule]:
         """The heuristic's schedule first (the reference the others are checked against), then those that
         can differ from it here."""
-        kernel = next(l["kernels"][0] for l in shape.phase["launches"] if l["kernels"][0]["name"] == shape.kernel)
-        held = {a["layout"] for a in kernel["args"] if "weight" in a and a["layout"] != "f32"}  # not the norm
+        kernel = next(l.kernels[0] for l in shape.phase.launches if l.kernels[0].name == shape.kernel)
+        held = {a.layout for a in kernel.args if isinstance(a, Weight) and a.layout != "f32"}  # not the norm
 
         def runs(s: Schedule) -> tuple:  # what the kernels do differently under s
             return (s.rows, s.ahead if "blocks" in held else None,
@@ -98,11 +98,11 @@ class NativeTasks:
     def build_id(self) -> str:
         """What the measurements measured: the CPU kernels' sources, the SIMD path, the compiler."""
         sources = sorted(cpu_build.CPU_DIR.glob("*.h"))
-        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, toolchain.version(toolchain.clang())])
+        text = "\0".join([*(p.read_text() for p in sources), self.lib.isa, self.lib.library.compiler.identity])
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @staticmethod
-    def apply(launch: dict[str, Any], s: Schedule) -> None:
-        launch["member"] = s.name
-        for k in launch["kernels"]:
-            k["args"][-3:] = [{"i32": s.rows}, {"i32": s.ahead}, {"i32": s.cols}]
+    def apply(launch: Launch, s: Schedule) -> None:
+        launch.member = s.name
+        for k in launch.kernels:
+            k.args[-3:] = [I32(s.rows), I32(s.ahead), I32(s.cols)]

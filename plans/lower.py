@@ -1,9 +1,9 @@
 """Lowering a fused graph to a launch list: one launch per node, each argument a reference the runtime
 can resolve without the IR.
 
-References: {"state": name} for step state (tokens, pos, seq, pages, last), {"cache": 1} for the K/V planes,
-{"weight": name} for a model tensor, {"buf": id} for an arena buffer; on GPU targets a kernel may also
-name a {"scratch": ...} buffer (codegen/kernel.py), placed in the arena here too. Each buffer has a
+References (core/plan_records.py): State for step state (tokens, pos, seq, pages), Cache for the K/V
+planes, Weight for a model tensor, Buf for an arena buffer; a kernel may also name a Scratch range
+(codegen/kernel.py), placed in the arena here too. Each buffer has a
 dtype and a shape whose symbolic dimensions (rows, seqs, splits, ...) the runtime binds per step. A launch also
 lists the graph outputs that need it, so a greedy step can skip the logits path and an early prefill
 chunk the whole tail.
@@ -18,16 +18,29 @@ on GPU targets the codegen stage fills them in (plans/select.py).
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import networkx as nx
 
 from llmplan.core.devices import DeviceFacts
 from llmplan.core.op_traits import TRAITS
+from llmplan.core.plan_records import (
+    Buf,
+    Buffer,
+    Cache,
+    KernelCall,
+    Launch,
+    Phase,
+    Ref,
+    Scratch,
+    State,
+    StateInput,
+    Weight,
+)
 from llmplan.ir.graph import Graph, Node, Value
 from llmplan.ir.types import Type
 
-from .buffers import Buffer, place, type_bytes
+from .buffers import Interval, place, type_bytes
 
 PER_STEP_DIMS = ("rows", "seqs")  # bound each step by the step state; every other symbol is fixed at its bound
 
@@ -49,42 +62,41 @@ def cpu_weight_layout(op: str) -> str:
     return "rows" if op == "embed" else "f32"
 
 
-def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> dict[str, Any]:
+def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> Phase:
     """The launch list, buffers and layout of one phase; `dims` bounds every symbolic dimension."""
-    ref: dict[Value, dict[str, Any]] = {}
-    state: dict[str, dict[str, Any]] = {}
+    ref: dict[Value, Ref] = {}
+    state: dict[str, StateInput] = {}
     for n in g.order:
         if n.op == "input":
-            ref[n.out] = {"cache": 1} if n.name == "cache" else {"state": n.name}
+            ref[n.out] = Cache() if n.name == "cache" else State(n.name)
             if n.name != "cache":
-                state[n.name] = {"dtype": n.types[0].dtype, "shape": list(n.types[0].shape)}
+                state[n.name] = StateInput(n.types[0].dtype, tuple(n.types[0].shape))
         elif n.op == "weight":
-            ref[n.out] = {"weight": n.name}
+            ref[n.out] = Weight(n.name)
     fed = _fed_token(g)
-    buffers: list[dict[str, Any]] = []
-    launches: list[dict[str, Any]] = []
+    buffers: list[Buffer] = []
+    launches: list[Launch] = []
     nodes = [n for n in g.order if n.op not in ("input", "weight")]
     for n in nodes:
         outs = []
         for k, t in enumerate(n.types):
             v = Value(n.id, k)
             if TRAITS[n.op].updates is not None and t.rank == 5:
-                ref[v] = {"cache": 1}  # the K/V planes are updated in place
+                ref[v] = Cache()  # the K/V planes are updated in place
             elif v == fed:
-                ref[v] = {"state": "tokens"}
-                state["tokens"]["fed_by"] = "next_token"
+                ref[v] = State("tokens")
+                state["tokens"].fed_by = "next_token"
             else:
-                ref[v] = {"buf": len(buffers)}
-                buffers.append({"dtype": t.dtype, "shape": list(t.shape)})
+                ref[v] = Buf(len(buffers))
+                buffers.append(Buffer(t.dtype, tuple(t.shape)))
             outs.append(ref[v])
         fam = family(n)
         args = [ref[o] for o in n.operands]
-        launch = {"op": n.op, "family": fam, "attrs": dict(n.attrs), "args": args, "outs": outs}
+        launch = Launch(n.op, fam, dict(n.attrs), args, outs)
         if device.backend == "cpu":
-            calls = [{"weight": a["weight"], "layout": cpu_weight_layout(n.op)} if "weight" in a else a for a in args]
-            launch |= {"member": "numpy", "provenance": "cpu backend: the family's NumPy twin is its only member",
-                       "kernels": [{"name": f"numpy.{fam}", "grid": [], "block": 1, "smem": 0,
-                                    "args": outs + calls}]}
+            calls = [Weight(a.name, cpu_weight_layout(n.op)) if isinstance(a, Weight) else a for a in args]
+            launch.member, launch.provenance = "numpy", "cpu backend: the family's NumPy twin is its only member"
+            launch.kernels = [KernelCall(f"numpy.{fam}", (), 1, 0, outs + calls)]
         launches.append(launch)
     outputs = {name: ref[v] for name, v in g.outputs}
     # which outputs each launch serves: the outputs downstream of it
@@ -94,10 +106,10 @@ def lower(g: Graph, device: DeviceFacts, dims: dict[str, int]) -> dict[str, Any]
             continue
         for a in nx.ancestors(g.nx, v.node) | {v.node}:
             if a in node_index:
-                launches[node_index[a]].setdefault("serves", []).append(name)
-    phase = {"launches": launches, "buffers": buffers, "outputs": outputs, "state": state,
-             "per_step": [d for d in PER_STEP_DIMS if d in dims]}
-    return phase | layout(phase, dims)
+                launches[node_index[a]].serves.append(name)
+    phase = Phase(launches, buffers, outputs, state, [d for d in PER_STEP_DIMS if d in dims], dict(dims))
+    layout(phase)
+    return phase
 
 
 def _fed_token(g: Graph) -> Value | None:
@@ -108,37 +120,37 @@ def _fed_token(g: Graph) -> Value | None:
     return out if out is not None and g.type_of(out).shape == tokens.types[0].shape else None
 
 
-def layout(phase: dict[str, Any], dims: dict[str, int]) -> dict[str, int]:
-    """Place the phase's arena values, and the scratch buffers its GPU kernels ask for, by liveness:
-    a value lives from the launch that writes it to the last that reads it (graph outputs to the end),
-    a scratch buffer (codegen/kernel.py scratch) during its launch's kernels only. Sets every buffer's
-    and scratch reference's offset and bytes; returns the arena's size and the unshared total."""
-    launches = phase["launches"]
+def layout(phase: Phase) -> None:
+    """Place the phase's arena values, and the scratch ranges its kernels ask for, by liveness: a value
+    lives from the launch that writes it to the last that reads it (graph outputs to the end), a scratch
+    range during its launch's kernels only. Sets every buffer's and scratch reference's offset and bytes,
+    the phase's arena size and its unshared total."""
+    launches, dims = phase.launches, phase.dims
     live: dict[tuple, list[int]] = {}
     scratch_bytes: dict[tuple, int] = {}
     for i, launch in enumerate(launches):
-        for r in launch["args"] + launch["outs"]:
-            if "buf" in r:
-                live.setdefault(("buf", r["buf"]), [i, i])[1] = i
-        for k in launch.get("kernels", ()):
-            for r in k["args"]:
-                if "scratch" in r:
-                    key = ("scratch", i, r["scratch"])
+        for r in launch.args + launch.outs:
+            if isinstance(r, Buf):
+                live.setdefault(("buf", r.index), [i, i])[1] = i
+        for k in launch.kernels:
+            for r in k.args:
+                if isinstance(r, Scratch):
+                    key = ("scratch", i, r.name)
                     live[key] = [i, i]
-                    size = type_bytes(Type(r["dtype"], tuple(r["shape"])), dims)
+                    size = type_bytes(Type(r.dtype, tuple(r.shape)), dims)
                     scratch_bytes[key] = max(scratch_bytes.get(key, 0), size)
-    for r in phase["outputs"].values():
-        if "buf" in r:
-            live[("buf", r["buf"])][1] = len(launches)
-    sizes = {("buf", b): type_bytes(Type(d["dtype"], tuple(d["shape"])), dims) for b, d in enumerate(phase["buffers"])}
+    for r in phase.outputs.values():
+        if isinstance(r, Buf):
+            live[("buf", r.index)][1] = len(launches)
+    sizes = {("buf", b): type_bytes(Type(d.dtype, tuple(d.shape)), dims) for b, d in enumerate(phase.buffers)}
     sizes |= scratch_bytes
     keys = list(sizes)
-    offsets, arena = place([Buffer(j, sizes[key], *live[key]) for j, key in enumerate(keys)])
+    offsets, arena = place([Interval(j, sizes[key], *live[key]) for j, key in enumerate(keys)])
     at = {key: (offsets[j], sizes[key]) for j, key in enumerate(keys)}
-    for b, d in enumerate(phase["buffers"]):
-        d["offset"], d["bytes"] = at[("buf", b)]
+    for b, d in enumerate(phase.buffers):
+        d.offset, d.bytes = at[("buf", b)]
     for i, launch in enumerate(launches):
-        for k in launch.get("kernels", ()):
-            k["args"] = [r | dict(zip(("offset", "bytes"), at[("scratch", i, r["scratch"])])) if "scratch" in r else r
-                         for r in k["args"]]
-    return {"arena_bytes": arena, "activation_bytes": sum(sizes.values())}
+        for k in launch.kernels:
+            k.args = [dataclasses.replace(r, offset=at[("scratch", i, r.name)][0], bytes=at[("scratch", i, r.name)][1])
+                      if isinstance(r, Scratch) else r for r in k.args]
+    phase.arena_bytes, phase.activation_bytes = arena, sum(sizes.values())

@@ -15,60 +15,61 @@ here, in the planner; codegen/ holds the families' templates, rendering and comp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
 
 from llmplan.codegen.build import Build, BuildError, Manifest, build, gate, render
-from llmplan.codegen.kernel import Context, Kernel, Launch
+from llmplan.codegen.kernel import Context, Kernel, KernelLaunch
 from llmplan.codegen.targets import Target
 from llmplan.core.devices import DeviceFacts
+from llmplan.core.op_traits import MODULES
+from llmplan.core.plan_records import Buf, Launch, Phase, Ref, Weight
 from llmplan.core.tune_store import TuneStore, provenance
 
 MATVEC_MAX_ROWS = 8  # more activation rows than this go to the GEMM tiles
 
 
-def family_module(launch: dict[str, Any], ctx: Context):
-    """The codegen/families/ module of a launch's kernel family (core/op_traits.py); the matmul family
-    has two: the wave mat-vec for a few rows, the GEMM tiles for more."""
-    name = launch["family"]
-    if name == "matmul":
-        name = "gemm" if ctx.bound(ctx.shape(launch["args"][0])[0]) > MATVEC_MAX_ROWS else "matvec"
+def family_module(launch: Launch, ctx: Context):
+    """The codegen/families/ module of a launch's kernel family (core/op_traits.py MODULES); of two, the
+    first serves up to MATVEC_MAX_ROWS activation rows, the second more."""
+    few, *more = MODULES[launch.family].gpu
+    name = more[0] if more and ctx.bound(ctx.shape(launch.args[0])[0]) > MATVEC_MAX_ROWS else few
     try:
         return importlib.import_module(f"llmplan.codegen.families.{name}")
     except ModuleNotFoundError:
-        raise BuildError(f"no GPU kernel family implements op {launch['op']!r} ({name}) yet") from None
+        raise BuildError(f"no GPU kernel family implements op {launch.op!r} ({name}) yet") from None
 
 
-def members(launch: dict[str, Any], ctx: Context) -> dict[str, list[Launch]]:
+def members(launch: Launch, ctx: Context) -> dict[str, list[KernelLaunch]]:
     """Member name -> its launches, in the family's order of preference; one "default" member for a
     family that offers no choice (no `candidates()`)."""
     mod = family_module(launch, ctx)
     names = mod.candidates(launch, ctx) if hasattr(mod, "candidates") else [None]
-    return {name or "default": mod.launches({**launch, "member": name}, ctx) for name in names}
+    return {name or "default": mod.launches(dataclasses.replace(launch, member=name or ""), ctx) for name in names}
 
 
 @dataclass
 class Choice:
     member: str
-    launches: list[Launch]
+    launches: list[KernelLaunch]
     provenance: str
     pruned: dict[str, str] = field(default_factory=dict)  # member -> why it does not fit
     decision: str = ""  # the tune-store decision key, for a launch with several members
 
 
-def decision_key(launch: dict[str, Any], ctx: Context) -> str:
+def decision_key(launch: Launch, ctx: Context) -> str:
     """What a measured answer for this launch depends on: family, op, operand types and the phase's
     bounds of their symbolic dims, and attributes (but the layer index)."""
-    def operand(ref: dict[str, Any]) -> str:
-        if "buf" in ref or "weight" in ref:
+    def operand(ref: Ref) -> str:
+        if isinstance(ref, (Buf, Weight)):
             return f"{ctx.dtype(ref)}[{'x'.join(str(ctx.bound(d)) for d in ctx.shape(ref))}]"
-        return next(iter(ref))  # step state, the cache
-    parts = [family_module(launch, ctx).__name__.rsplit(".", 1)[1], launch["op"],
-             ",".join(operand(r) for r in launch["args"])]
-    attrs = ",".join(f"{k}={v}" for k, v in sorted(launch["attrs"].items()) if k != "layer")
+        return ref.KIND  # step state, the cache
+    parts = [family_module(launch, ctx).__name__.rsplit(".", 1)[1], launch.op,
+             ",".join(operand(r) for r in launch.args)]
+    attrs = ",".join(f"{k}={v}" for k, v in sorted(launch.attrs.items()) if k != "layer")
     return ":".join(parts + [attrs] if attrs else parts)
 
 
@@ -78,8 +79,8 @@ def build_id(kernels: tuple[Kernel, ...]) -> str:
     return hashlib.sha256(render(list(kernels)).encode()).hexdigest()[:16]
 
 
-def _consult(store: TuneStore | None, device: DeviceFacts, launch: dict[str, Any], ctx: Context,
-             cands: list[tuple[str, list[Launch]]]) -> tuple[str, list[tuple[str, list[Launch]]], str]:
+def _consult(store: TuneStore | None, device: DeviceFacts, launch: Launch, ctx: Context,
+             cands: list[tuple[str, list[KernelLaunch]]]) -> tuple[str, list[tuple[str, list[KernelLaunch]]], str]:
     """(decision key, the candidates in the order to try, the store's provenance for the first or "")."""
     key = decision_key(launch, ctx)
     if store is None or not store.enabled:
@@ -92,7 +93,7 @@ def _consult(store: TuneStore | None, device: DeviceFacts, launch: dict[str, Any
     return key, [cands[won]] + cands[:won] + cands[won + 1:], provenance(look.id, look.entry)
 
 
-def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceFacts) -> str | None:
+def fits(launches: list[KernelLaunch], manifests: dict[str, Manifest], device: DeviceFacts) -> str | None:
     """Why a member cannot run on the device, or None."""
     for ln in launches:
         m = manifests[ln.kernel.name]
@@ -111,7 +112,7 @@ def fits(launches: list[Launch], manifests: dict[str, Manifest], device: DeviceF
     return None
 
 
-def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tuple[int, ...]]], target: Target,
+def select(phases: dict[str, Phase], weights: dict[str, tuple[str, tuple[int, ...]]], target: Target,
            device: DeviceFacts, use_cache: bool = True,
            store: TuneStore | None = None) -> tuple[Build, dict[str, list[Choice]]]:
     """Choose a member per launch and build the chosen kernels for `target`.
@@ -119,12 +120,12 @@ def select(phases: dict[str, dict[str, Any]], weights: dict[str, tuple[str, tupl
     Candidates are built in rounds, each launch's next member only after its previous one was pruned,
     so a plan whose first choices all fit (the usual case) compiles each kernel it runs once and nothing
     else; after a prune the chosen set is built again as the plan's one translation unit."""
-    todo: list[tuple[list[tuple[str, list[Launch]]], dict[str, str], list]] = []
+    todo: list[tuple[list[tuple[str, list[KernelLaunch]]], dict[str, str], list]] = []
     chosen: dict[str, list[Choice | None]] = {}
     for phase, p in phases.items():
-        ctx = Context(p["buffers"], weights, target, p["dims"], device.multiprocessors)
-        chosen[phase] = [None] * len(p["launches"])
-        for i, launch in enumerate(p["launches"]):
+        ctx = Context(p.buffers, weights, target, p.dims, device.multiprocessors)
+        chosen[phase] = [None] * len(p.launches)
+        for i, launch in enumerate(p.launches):
             cands = list(members(launch, ctx).items())
             key, measured = "", ""
             if len(cands) > 1:

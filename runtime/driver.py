@@ -21,6 +21,7 @@ import numpy as np
 
 from llmplan.core import layouts
 from llmplan.core.errors import InputError
+from llmplan.core.plan_records import PlanBody, PlanHeader
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class Driver(ABC):
     threads: int | None = None  # host threads the kernels run on (cpu, emu), set before load; None: every core
 
     @abstractmethod
-    def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
+    def load(self, body: PlanBody, header: PlanHeader) -> None:
         """Make the plan's kernels callable (compile or load its code); raise InputError if this
         backend cannot run them."""
 

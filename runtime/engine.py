@@ -34,6 +34,7 @@ import numpy as np
 from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
 from llmplan.core.numerics import PAGE, pages_for
+from llmplan.core.plan_records import PlanBody, PlanHeader
 from llmplan.core.planfile import read_header, read_plan, recompile_hint
 from llmplan.models.gguf import GGUFFile, is_gguf
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
@@ -73,10 +74,10 @@ class _Queued:
 
 
 class Engine:
-    def __init__(self, plan_path: str, header: dict, body: dict, model: GGUFFile, executor: Executor,
+    def __init__(self, plan_path: str, header: PlanHeader, body: PlanBody, model: GGUFFile, executor: Executor,
                  load_seconds: float, max_seqs: int, kv_blocks: int, pipelined: bool):
         self.plan_path, self.header, self.body, self.model = plan_path, header, body, model
-        self.limits = header["limits"]
+        self.limits = header.limits
         self.executor = executor
         self.trace = executor.trace
         self.device = executor.driver.name
@@ -84,9 +85,9 @@ class Engine:
         self._queued: _Queued | None = None
         self.tokenizer: Tokenizer = load_tokenizer(model)
         self.load_seconds = load_seconds
-        self.pages_per_seq = body["phases"]["decode"]["dims"]["pages"]  # the page table rows the plan takes
+        self.pages_per_seq = body.phases["decode"].dims["pages"]  # the page table rows the plan takes
         self.pool = BlockPool(kv_blocks, PAGE)
-        self.scheduler = Scheduler(self.pool, max_seqs, self.limits["chunk"])
+        self.scheduler = Scheduler(self.pool, max_seqs, self.limits.chunk)
         self.records: deque[dict[str, Any]] = deque(maxlen=RECORDS_KEPT)
         self._seqs: dict[int, Sequence] = {}
         self._events: list[Event] = []
@@ -113,14 +114,14 @@ class Engine:
             raise InputError(f"{plan} is a GGUF model, not a plan: compile it first (plan compile {plan} -o M.plan, or "
                              "llmplan.plans.compile.plan_for), or give it to plan run, which compiles on the fly")
         header, _ = read_header(plan)
-        backend = header.get("device", {}).get("backend", "cpu")
+        backend = header.device.backend
         device = device or backend
         if device == "emu" and backend == "cpu":
             raise InputError(f"{plan} is a CPU plan: the emulated GPU runs GPU plans (plan compile ... --device sm_90)")
         if device not in ("emu", backend):
-            raise InputError(f"{plan} was compiled for {backend} ({header['device'].get('arch')}), not {device}: "
+            raise InputError(f"{plan} was compiled for {backend} ({header.device.arch}), not {device}: "
                              f"run it on {backend}, or recompile with plan compile ... --device {device}")
-        path = model_path or header.get("model", {}).get("path", "")
+        path = model_path or header.model.path
         if not os.path.exists(path):
             raise InputError(f"{plan}: the model it was compiled from, {path}, is not there: pass --model PATH")
         with span(trace, "open model", "load"):
@@ -128,19 +129,19 @@ class Engine:
         key = local_cpu().key if device == "cpu" else None  # the GPU drivers check their device at load
         with span(trace, "read plan", "load"):
             header, body = read_plan(plan, key, model)
-        limits = header["limits"]
-        max_seqs = limits["max_seqs"] if max_seqs is None else max_seqs
-        if not 1 <= max_seqs <= limits["max_seqs"]:
-            raise InputError(f"{plan} runs at most {limits['max_seqs']} sequences per step, asked for {max_seqs}: "
+        limits = header.limits
+        max_seqs = limits.max_seqs if max_seqs is None else max_seqs
+        if not 1 <= max_seqs <= limits.max_seqs:
+            raise InputError(f"{plan} runs at most {limits.max_seqs} sequences per step, asked for {max_seqs}: "
                              f"recompile with plan compile ... --max-seqs {max_seqs}")
-        kv_blocks = limits["kv_blocks"] if kv_blocks is None else kv_blocks
+        kv_blocks = limits.kv_blocks if kv_blocks is None else kv_blocks
         if kv_blocks < 2:
             raise InputError(f"kv_blocks must be at least 2 (one block and one of headroom), got {kv_blocks}")
         try:
             driver = driver_for(device)
         except InputError as e:
-            dev = header["device"]
-            raise InputError(f"{plan}: compiled for {dev['arch']} ({dev['key']}): {e}; run it on the emulated GPU "
+            dev = header.device
+            raise InputError(f"{plan}: compiled for {dev.arch} ({dev.key}): {e}; run it on the emulated GPU "
                              f"(--device emu), or {recompile_hint(header, 'cpu')}") from None
         if threads is not None and threads < 1:
             raise InputError(f"--threads must be at least 1, got {threads}")
@@ -165,7 +166,7 @@ class Engine:
                else [int(t) for t in request.prompt])
         if not ids:
             raise RequestError("the prompt tokenizes to nothing; give some text")
-        ctx = self.limits["ctx"]
+        ctx = self.limits.ctx
         if len(ids) >= ctx:
             if not request.truncate:
                 raise RequestError(f"the prompt has {len(ids)} tokens; the plan's context holds {ctx}: shorten it, "
@@ -236,7 +237,7 @@ class Engine:
         """How much the K/V pool holds: blocks, tokens, bytes, and how many sequences of a length fit."""
         cache = self.executor.cache
         block_bytes = cache.nbytes // cache.shape[2]
-        lengths = sorted({self.limits["ctx"], *(n for n in (256, 1024, 4096) if n < self.limits["ctx"])})
+        lengths = sorted({self.limits.ctx, *(n for n in (256, 1024, 4096) if n < self.limits.ctx)})
         return {"blocks": self.pool.total, "block_tokens": PAGE, "tokens": self.pool.total * PAGE,
                 "block_bytes": block_bytes, "bytes": cache.nbytes,
                 "sequences": {n: self.pool.total // pages_for(n) for n in lengths}}

@@ -22,7 +22,6 @@ checked not to be NaN (i32 outputs: not -1), so a kernel that skips part of its 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from contextlib import nullcontext
@@ -35,6 +34,20 @@ from llmplan.core import layouts
 from llmplan.core.errors import InputError
 from llmplan.core.formats import ACTIVATION_FORMATS, dequantize, planes, value_bytes
 from llmplan.core.numerics import rope_table
+from llmplan.core.plan_records import (
+    F32,
+    I32,
+    Buf,
+    Cache,
+    Launch,
+    PlanBody,
+    PlanHeader,
+    Ref,
+    RopeTable,
+    Scratch,
+    State,
+    Weight,
+)
 from llmplan.models.gguf import GGUFFile
 
 from .driver import Call, Driver, Pending, Region, Scalar
@@ -79,25 +92,21 @@ class Bucket:
     failed: str = ""  # why it could not be recorded
 
 
-def _bound(shape: list, dims: dict[str, int]) -> tuple[int, ...]:
+def _bound(shape: tuple, dims: dict[str, int]) -> tuple[int, ...]:
     return tuple(d if isinstance(d, int) else dims[d] for d in shape)
 
 
-def _grid(grid: list, dims: dict[str, int]) -> tuple[int, int, int]:
+def _grid(grid: tuple, dims: dict[str, int]) -> tuple[int, int, int]:
     g = [d if isinstance(d, int) else -(-dims[d[0]] // d[1]) for d in grid]
     return tuple(g + [1] * (3 - len(g)))  # type: ignore[return-value]
 
 
-def _table_key(spec: dict[str, Any]) -> str:
-    return json.dumps(spec, sort_keys=True)
-
-
 class Executor:
-    def __init__(self, header: dict[str, Any], body: dict[str, Any], driver: Driver, model: GGUFFile, kv_blocks: int,
+    def __init__(self, header: PlanHeader, body: PlanBody, driver: Driver, model: GGUFFile, kv_blocks: int,
                  poison: bool = False, replay: bool = True, trace: Trace | None = None):
         self.header, self.body, self.driver, self.model = header, body, driver, model
         self.trace = trace
-        self.phases = body["phases"]
+        self.phases = body.phases
         self.poison, self.replay = poison, replay and driver.graphs and not poison
         self.kv_blocks = kv_blocks
         self.load = LoadRecord()
@@ -106,23 +115,22 @@ class Executor:
             driver.load(body, header)
         self.load.kernels_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self.arena = driver.alloc(body["arena_bytes"])
-        c = body["cache"]
-        shape = _bound(c["shape"], {"blocks": kv_blocks})
+        self.arena = driver.alloc(body.arena_bytes)
+        shape = _bound(body.cache.shape, {"blocks": kv_blocks})
         self.cache = Region(driver.alloc(value_bytes("f16", shape)), 0, value_bytes("f16", shape), "f16", shape)
-        self.slots = {ph: {name: driver.alloc(value_bytes(s["dtype"], _bound(s["shape"], p["dims"])))
-                           for name, s in p["state"].items()} for ph, p in self.phases.items()}
+        self.slots = {ph: {name: driver.alloc(value_bytes(s.dtype, _bound(s.shape, p.dims)))
+                           for name, s in p.state.items()} for ph, p in self.phases.items()}
         self.weights: dict[tuple[str, str], Region] = {}
-        self.tables: dict[str, Region] = {}
+        self.tables: dict[RopeTable, Region] = {}
         self._keep: list[np.ndarray] = []  # host arrays the host drivers use in place
         for p in self.phases.values():
-            for launch in p["launches"]:
-                for k in launch["kernels"]:
-                    for ref in k["args"]:
-                        if "weight" in ref:
-                            self._weight(ref["weight"], ref["layout"])
-                        elif "rope_table" in ref:
-                            self._rope_table(ref["rope_table"], p["dims"])
+            for launch in p.launches:
+                for k in launch.kernels:
+                    for ref in k.args:
+                        if isinstance(ref, Weight):
+                            self._weight(ref.name, ref.layout)
+                        elif isinstance(ref, RopeTable):
+                            self._rope_table(ref, p.dims)
         t1 = time.perf_counter()
         driver.sync()  # the uploads a GPU driver queued count as upload time
         self.load.upload_s += time.perf_counter() - t1
@@ -145,115 +153,111 @@ class Executor:
     def _weight(self, name: str, layout: str) -> None:
         if (name, layout) in self.weights:
             return
-        w = self.body["weights"][name]
-        if self.model.tensors[name].type.name != w["format"]:
-            raise InputError(f"weight {name}: the plan has it as {w['format']}, the model file as "
+        w = self.body.weights[name]
+        if self.model.tensors[name].type.name != w.format:
+            raise InputError(f"weight {name}: the plan has it as {w.format}, the model file as "
                              f"{self.model.tensors[name].type.name}: recompile the plan")
         t0 = time.perf_counter()
         # a copy stands for the file's pages: they are released as its making is done with them
         release = lambda lo, hi: self.model.release(name, lo, hi)  # noqa: E731
-        raw, fmt, shape = self.model.tensor_bytes(name), w["format"], tuple(w["shape"])
+        raw, fmt, shape = self.model.tensor_bytes(name), w.format, tuple(w.shape)
         data = self.driver.make_layout(layout, raw, fmt, shape, release)
         if data is None:
             data = layouts.make(layout, raw, fmt, shape, release)
         self.load.relayout_s += time.perf_counter() - t0
-        info = w["layouts"][layout]
-        if data.nbytes != info["bytes"]:
-            raise InputError(f"weight {name} in layout {layout}: {data.nbytes} bytes, the plan says {info['bytes']}")
+        info = w.layouts[layout]
+        if data.nbytes != info.bytes:
+            raise InputError(f"weight {name} in layout {layout}: {data.nbytes} bytes, the plan says {info.bytes}")
         self.load.weight_bytes += data.nbytes
         if layouts.LAYOUTS[layout].copies:
             self.load.copied_bytes += data.nbytes
-        dtype = "f32" if layout == "f32" else "u8" if layout in ("planar", "rows16") else w["format"].lower()
-        self.weights[(name, layout)] = Region(self._hold(data), 0, data.nbytes, dtype, tuple(w["shape"]), layout)
+        dtype = "f32" if layout == "f32" else "u8" if layout in ("planar", "rows16") else w.format.lower()
+        self.weights[(name, layout)] = Region(self._hold(data), 0, data.nbytes, dtype, tuple(w.shape), layout)
 
-    def _rope_table(self, spec: dict[str, Any], dims: dict[str, int]) -> None:
-        key = _table_key(spec)
-        if key in self.tables:
+    def _rope_table(self, spec: RopeTable, dims: dict[str, int]) -> None:
+        if spec in self.tables:
             return
-        positions = spec["positions"] if isinstance(spec["positions"], int) else dims[spec["positions"]]
+        positions = spec.positions if isinstance(spec.positions, int) else dims[spec.positions]
         factors = None
-        if spec["factors"] is not None:
-            t = self.model.tensors[spec["factors"]]
-            factors = dequantize(self.model.tensor_bytes(spec["factors"]), t.type)
-        table = np.ascontiguousarray(rope_table(positions, spec["dims"], spec["base"], spec["scale"], factors))
-        self.tables[key] = Region(self._hold(table), 0, table.nbytes, "f32", table.shape)
+        if spec.factors is not None:
+            t = self.model.tensors[spec.factors]
+            factors = dequantize(self.model.tensor_bytes(spec.factors), t.type)
+        table = np.ascontiguousarray(rope_table(positions, spec.dims, spec.base, spec.scale, factors))
+        self.tables[spec] = Region(self._hold(table), 0, table.nbytes, "f32", table.shape)
         self.load.tables += 1
 
     # --- binding --------------------------------------------------------------------------------
 
     def step_dims(self, phase: str, rows: int, seqs: int) -> dict[str, int]:
-        p = self.phases[phase]
-        bounds = p["dims"]
+        bounds = self.phases[phase].dims
         for name, n in (("rows", rows), ("seqs", seqs)):
             if name in bounds and not 1 <= n <= bounds[name]:
                 raise StepError(f"{phase}: {n} {name}, the plan's bound is {bounds[name]}")
         return dict(bounds, rows=rows, seqs=seqs, blocks=self.kv_blocks)
 
-    def region(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region:
+    def region(self, phase: str, ref: Ref, dims: dict[str, int]) -> Region:
         """The memory an argument reference names in a step with these dims (a buffer's or a state slot's
         kept per dims: every step asks for its state and outputs anew)."""
-        kind = "buf" if "buf" in ref else "state" if "state" in ref else None
-        if kind is None:
+        if not isinstance(ref, (Buf, State)):
             return self._region(phase, ref, dims)
-        key = (phase, kind, ref[kind], *dims.items())
+        key = (phase, ref, *dims.items())
         r = self._regions.get(key)
         if r is None:
             r = self._regions[key] = self._region(phase, ref, dims)
         return r
 
-    def _region(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region:
+    def _region(self, phase: str, ref: Ref, dims: dict[str, int]) -> Region:
         p = self.phases[phase]
-        if "buf" in ref:
-            b = p["buffers"][ref["buf"]]
-            shape = _bound(b["shape"], dims)
-            return Region(self.arena, b["offset"], value_bytes(b["dtype"], shape), b["dtype"], shape)
-        if "scratch" in ref:
-            shape = _bound(ref["shape"], dims)
-            return Region(self.arena, ref["offset"], value_bytes(ref["dtype"], shape), ref["dtype"], shape)
-        if "state" in ref:
-            s = p["state"][ref["state"]]
-            shape = _bound(s["shape"], dims)
-            return Region(self.slots[phase][ref["state"]], 0, value_bytes(s["dtype"], shape), s["dtype"], shape)
-        if "cache" in ref:
+        if isinstance(ref, Buf):
+            b = p.buffers[ref.index]
+            shape = _bound(b.shape, dims)
+            return Region(self.arena, b.offset, value_bytes(b.dtype, shape), b.dtype, shape)
+        if isinstance(ref, Scratch):
+            shape = _bound(ref.shape, dims)
+            return Region(self.arena, ref.offset, value_bytes(ref.dtype, shape), ref.dtype, shape)
+        if isinstance(ref, State):
+            s = p.state[ref.name]
+            shape = _bound(s.shape, dims)
+            return Region(self.slots[phase][ref.name], 0, value_bytes(s.dtype, shape), s.dtype, shape)
+        if isinstance(ref, Cache):
             return self.cache
-        if "weight" in ref:
-            return self.weights[(ref["weight"], ref["layout"])]
-        if "rope_table" in ref:
-            return self.tables[_table_key(ref["rope_table"])]
-        raise StepError(f"unknown argument reference {ref}")  # the schema check makes this unreachable
+        if isinstance(ref, Weight):
+            return self.weights[(ref.name, ref.layout)]
+        if isinstance(ref, RopeTable):
+            return self.tables[ref]
+        raise StepError(f"argument {ref} names no memory")  # the schema check makes this unreachable
 
-    def _arg(self, phase: str, ref: dict[str, Any], dims: dict[str, int]) -> Region | Scalar:
-        for kind in ("i32", "f32"):
-            if kind in ref:
-                v = ref[kind]
-                return Scalar(kind, dims[v] if isinstance(v, str) else v)
+    def _arg(self, phase: str, ref: Ref, dims: dict[str, int]) -> Region | Scalar:
+        if isinstance(ref, (I32, F32)):
+            v = ref.value
+            return Scalar(ref.KIND, dims[v] if isinstance(v, str) else v)
         return self.region(phase, ref, dims)
 
     def calls(self, phase: str, dims: dict[str, int], want: set[str]) -> list[tuple[int, Call]]:
         """The bound kernel calls of the launches that serve `want`, with their launch index."""
-        return [(i, call) for i, launch in enumerate(self.phases[phase]["launches"])
-                if want.intersection(launch.get("serves", ())) for call in self._launch_calls(phase, launch, dims)]
+        return [(i, call) for i, launch in enumerate(self.phases[phase].launches)
+                if want.intersection(launch.serves) for call in self._launch_calls(phase, launch, dims)]
 
-    def _launch_calls(self, phase: str, launch: dict[str, Any], dims: dict[str, int]) -> list[Call]:
-        return [Call(k["name"], _grid(k["grid"], dims), k["block"], k["smem"],
-                     [self._arg(phase, r, dims) for r in k["args"]], launch["op"], launch["attrs"], len(launch["outs"]))
-                for k in launch["kernels"]]
+    def _launch_calls(self, phase: str, launch: Launch, dims: dict[str, int]) -> list[Call]:
+        return [Call(k.name, _grid(k.grid, dims), k.block, k.smem, [self._arg(phase, r, dims) for r in k.args],
+                     launch.op, launch.attrs, len(launch.outs))
+                for k in launch.kernels]
 
     # --- a step ---------------------------------------------------------------------------------
 
     def write_state(self, phase: str, state: dict[str, np.ndarray], dims: dict[str, int]) -> None:
         """Copy the step state into its slots; a fed input (the decode phases' tokens) may be left out,
         and then keeps what the last step of this phase wrote into it."""
-        for name, s in self.phases[phase]["state"].items():
+        for name, s in self.phases[phase].state.items():
             if name not in state:
-                if s.get("fed_by"):
+                if s.fed_by:
                     continue
                 raise StepError(f"{phase}: the step state lacks {name!r}")
-            want = _bound(s["shape"], dims)
+            want = _bound(s.shape, dims)
             arr = np.ascontiguousarray(state[name], np.int32)
             if arr.shape != want:
                 raise StepError(f"{phase}: step state {name} has shape {arr.shape}, the step needs {want}")
-            self.driver.write(self.region(phase, {"state": name}, dims), arr)
+            self.driver.write(self.region(phase, State(name), dims), arr)
 
     def queue(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> PendingStep:
         """Queue one step of `phase` computing the outputs in `want` (and the K/V writes of the launches
@@ -277,13 +281,13 @@ class Executor:
             calls = self.calls(phase, dims, want)
             for n, (i, call) in enumerate(calls):
                 if self.poison and (n == 0 or calls[n - 1][0] != i):
-                    self._poison(phase, p["launches"][i], dims, state)
+                    self._poison(phase, p.launches[i], dims, state)
                 with self._traced(call.name, "launch", grid=call.grid):
                     self.driver.launch(call)
                 if self.poison and (n + 1 == len(calls) or calls[n + 1][0] != i):
-                    self._check(phase, p["launches"][i], dims, state)
+                    self._check(phase, p.launches[i], dims, state)
         reads = {name: self.driver.read(self.region(phase, ref, dims))
-                 for name, ref in p["outputs"].items() if name in want and "cache" not in ref}
+                 for name, ref in p.outputs.items() if name in want and not isinstance(ref, Cache)}
         return PendingStep(reads, time.perf_counter() - t0)
 
     def run(self, phase: str, state: dict[str, np.ndarray], want: set[str]) -> dict[str, np.ndarray]:
@@ -306,32 +310,32 @@ class Executor:
         two backends the same inputs launch by launch."""
         dims = self.step_dims(phase, len(state["pos"]), len(state["pages"]))
         self.write_state(phase, state, dims)
-        for call in self._launch_calls(phase, self.phases[phase]["launches"][index], dims):
+        for call in self._launch_calls(phase, self.phases[phase].launches[index], dims):
             self.driver.launch(call)
 
     # --- poison mode ----------------------------------------------------------------------------
 
-    def written(self, phase: str, launch: dict[str, Any], dims: dict[str, int],
+    def written(self, phase: str, launch: Launch, dims: dict[str, int],
                  state: dict[str, np.ndarray]) -> list[tuple[str, Region]]:
         """(what, region) for every range a launch writes: its outputs, the scratch of its kernel calls
         (which carries values from one call of the launch to the next), and the K/V cells of its rows."""
         out = []
-        for j, ref in enumerate(launch["outs"]):
-            if "cache" in ref:
+        for j, ref in enumerate(launch.outs):
+            if isinstance(ref, Cache):
                 out += [("K/V cache", r) for r in self._cache_cells(launch, state)]
             else:
                 out.append((f"output {j} ({ref})", self.region(phase, ref, dims)))
-        scratch = {r["scratch"]: r for k in launch["kernels"] for r in k["args"] if "scratch" in r}
+        scratch = {r.name: r for k in launch.kernels for r in k.args if isinstance(r, Scratch)}
         return out + [(f"scratch {name}", self.region(phase, r, dims)) for name, r in scratch.items()]
 
-    def _cache_cells(self, launch: dict[str, Any], state: dict[str, np.ndarray]) -> list[Region]:
+    def _cache_cells(self, launch: Launch, state: dict[str, np.ndarray]) -> list[Region]:
         """The K and V rows this launch stores: position pos[r] of sequence seq[r] in layer `layer`."""
         layers, _, blocks, page, kv = self.cache.shape
         cells = []
         for s, pos in zip(state["seq"], state["pos"]):
             block = int(state["pages"][s][pos // page])
             for half in (0, 1):
-                at = ((((launch["attrs"]["layer"] * 2 + half) * blocks + block) * page + pos % page) * kv) * 2
+                at = ((((launch.attrs["layer"] * 2 + half) * blocks + block) * page + pos % page) * kv) * 2
                 cells.append(Region(self.cache.buffer, at, kv * 2, "f16", (kv,)))
         return cells
 
@@ -343,8 +347,8 @@ class Executor:
         for what, r in self.written(phase, launch, dims, state):
             bad = _unwritten(r, self.driver.read(r).result())
             if bad:
-                names = ", ".join(k["name"] for k in launch["kernels"])
-                raise StepError(f"{phase}: launch {launch['op']} ({names}) left {bad} values of {what} unwritten")
+                names = ", ".join(k.name for k in launch.kernels)
+                raise StepError(f"{phase}: launch {launch.op} ({names}) left {bad} values of {what} unwritten")
 
 
 def _unwritten(r: Region, data: np.ndarray) -> int:

@@ -11,7 +11,6 @@ import numpy as np
 
 from llmplan.core.errors import InputError
 
-
 MAX_LOGPROBS = 20  # top alternatives a request may ask for per token (OpenAI's bound)
 
 

@@ -94,11 +94,11 @@ def score(engine, wins: list[Window]) -> Iterator[Scored]:
     """Run every window through `engine`'s prefill; yield each step's scored rows."""
     limits = engine.limits
     ctx = max((len(w.tokens) for w in wins), default=0)
-    if ctx > limits["ctx"]:
-        raise InputError(f"windows of {ctx} tokens do not fit the plan's context of {limits['ctx']}: pass a "
+    if ctx > limits.ctx:
+        raise InputError(f"windows of {ctx} tokens do not fit the plan's context of {limits.ctx}: pass a "
                          f"smaller --ctx or compile with --ctx {ctx}")
-    width = pages_for(limits["ctx"])
-    chunk, bound = limits["chunk"], limits["max_seqs"]  # rows a step; its scored rows and sequences
+    width = pages_for(limits.ctx)
+    chunk, bound = limits.chunk, limits.max_seqs  # rows a step; its scored rows and sequences
     pending = list(reversed(wins))
     bases = np.cumsum([0] + [w.scored for w in wins])
     opened: list[_Open] = []

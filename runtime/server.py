@@ -61,7 +61,7 @@ class _Service:
     def _ready(self, engine: Engine) -> None:
         self.name = self.name or os.path.splitext(os.path.basename(engine.model.path))[0]
         self.created = int(time.time())
-        _say(f"ready: model {self.name}, context {engine.limits['ctx']}, {engine.scheduler.max_seqs} sequences per "
+        _say(f"ready: model {self.name}, context {engine.limits.ctx}, {engine.scheduler.max_seqs} sequences per "
              f"step, {engine.pool.total} K/V blocks (loaded in {engine.load_seconds:.2f} s)")
 
     # --- what every guarded endpoint checks ---------------------------------------------------------
@@ -112,7 +112,7 @@ class _Service:
         engine = self._guard(request)
         return JSONResponse({"object": "list", "data": [
             {"id": self.name, "object": "model", "created": self.created,
-             "owned_by": "llmplan", "max_model_len": engine.limits["ctx"]}]})
+             "owned_by": "llmplan", "max_model_len": engine.limits.ctx}]})
 
     async def tokenize(self, request: HttpRequest) -> Response:
         """vLLM's /tokenize: {"prompt": TEXT, "add_special_tokens": true} or {"messages": [...]}."""
@@ -133,7 +133,7 @@ class _Service:
             ids = await self._encode(engine.tokenizer.encode, body["prompt"], add_special=special, parse_special=True)
         else:
             raise ApiError(400, "prompt: must be a string", param="prompt")
-        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.limits["ctx"]})
+        return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": engine.limits.ctx})
 
     async def detokenize(self, request: HttpRequest) -> Response:
         """vLLM's /detokenize: {"tokens": [ids]} -> {"prompt": TEXT}."""
@@ -183,7 +183,7 @@ class _Service:
         streaming = False
         try:
             ids = await self._ids(engine, ask)
-            ctx = engine.limits["ctx"]
+            ctx = engine.limits.ctx
             if len(ids) >= ctx:
                 raise ApiError(400, f"the prompt has {len(ids)} tokens; this model's context holds {ctx} "
                                     f"(prompt and completion): shorten the prompt",

@@ -31,16 +31,17 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE]
 
+from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (scripts/)
+from read_bandwidth import ReadBandwidth  # noqa: E402
+
 from llmplan.codegen import cpu_build  # noqa: E402
 from llmplan.codegen.cpu_families import matmul  # noqa: E402
 from llmplan.commands import llama_cpp  # noqa: E402
 from llmplan.commands.inspect import summarize  # noqa: E402
 from llmplan.core import layouts  # noqa: E402
 from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATION_FORMATS, planes  # noqa: E402
+from llmplan.core.plan_records import Weight  # noqa: E402
 from llmplan.models.model import open_model  # noqa: E402
-
-from bench_run import _others_busy, compile_plan, profile  # noqa: E402  (scripts/)
-from read_bandwidth import ReadBandwidth  # noqa: E402
 
 TEXT = ("The history of the printing press begins in the fifteenth century, when movable type changed how books "
         "were made, sold and read across Europe. ")
@@ -82,7 +83,7 @@ def projections(path: str, isa: str, threads: int, rows_list: list[int], reps: i
     lib = cpu_build.CpuLibrary.from_kernels(list(kernels.values()), isa)
     lib.set_threads(threads)
     rng = np.random.default_rng(0)
-    raw = {n: layouts.make(matmul.held({"weight": n}, t.type.name)["layout"], np.frombuffer(f.tensor_bytes(n), np.uint8),
+    raw = {n: layouts.make(matmul.held(Weight(n), t.type.name).layout, np.frombuffer(f.tensor_bytes(n), np.uint8),
                            t.type.name, tuple(reversed(t.shape))) for n, t in every}  # as the kernels read them
     out: dict = {"weights": len(every), "head": head, "rows": {}}
     for rows in rows_list:

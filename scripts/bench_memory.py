@@ -23,7 +23,8 @@ sys.path[:0] = [HERE]
 
 from bench_run import compile_plan, plan_run_rss  # noqa: E402  (scripts/)
 
-from llmplan.commands.inspect import summarize, weight_bytes_beyond_file  # noqa: E402
+from llmplan.commands.inspect import summarize  # noqa: E402
+from llmplan.core.layouts import weight_bytes_beyond_file  # noqa: E402
 from llmplan.core.planfile import read_body, read_header  # noqa: E402
 
 
@@ -32,11 +33,11 @@ def per_layer(plan: str) -> dict:
     header, offset = read_header(plan)
     body = read_body(plan, offset)
     held = summarize(header, body)["held_beyond_file"]
-    layers = body["config"]["n_layers"]
-    layer_weights = sum(weight_bytes_beyond_file(w) for n, w in body["weights"].items() if n.startswith("blk."))
+    layers = body.config["n_layers"]
+    layer_weights = sum(weight_bytes_beyond_file(w) for n, w in body.weights.items() if n.startswith("blk."))
     layer = (held["kv_cache"] + layer_weights) / layers
     return {"layers": layers, "held_beyond_file": held, "per_layer_bytes": round(layer),
-            "fixed_bytes": round(held["total"] - layer * layers), "file_bytes": header["model"]["fingerprint"]["file_size"]}
+            "fixed_bytes": round(held["total"] - layer * layers), "file_bytes": header.model.fingerprint["file_size"]}
 
 
 def main() -> None:

@@ -92,7 +92,7 @@ def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: 
     out = {"compile_s": round(compile_s, 2), "load_s": t["load_s"], "prompt_tokens": len(ids),
            "prefill_tok_s": round(len(ids) / t["prefill_s"], 1), "decode_tok_s": t["decode_tok_s"],
            "generated": len(gen.ids), "weights_copied_mib": round(load.copied_bytes / 2**20, 1),
-           "kernels": engine.body["cpu"]["kernels"], "isa": engine.body["cpu"].get("isa"), "ids": ids}
+           "kernels": engine.body.cpu.kernels, "isa": engine.body.cpu.isa, "ids": ids}
     if seqs > 1:
         from bench_engine import decode_rate  # scripts/ is on the path of a script run from it
 
@@ -108,8 +108,8 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
     from llmplan.core.numerics import pages_for
 
     ex = engine.executor
-    limits = engine.header["limits"]
-    pages = np.arange(pages_for(limits["ctx"]), dtype=np.int32)[None, :] % ex.kv_blocks
+    limits = engine.header.limits
+    pages = np.arange(pages_for(limits.ctx), dtype=np.int32)[None, :] % ex.kv_blocks
     seconds: dict[str, dict[str, float]] = {"prefill": defaultdict(float), "decode": defaultdict(float)}
 
     def step(phase: str, state: dict, want: set[str]) -> dict:
@@ -119,11 +119,11 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
             fn = ex.driver.prepare(call)
             t0 = time.perf_counter()
             fn()
-            seconds[phase][ex.phases[phase]["launches"][i]["op"]] += time.perf_counter() - t0
+            seconds[phase][ex.phases[phase].launches[i].op] += time.perf_counter() - t0
         return {k: ex.driver.read(ex.region(phase, ex.phases[phase]["outputs"][k], dims)).result()
                 for k in want if k != "cache"}
 
-    chunk = limits["chunk"]
+    chunk = limits.chunk
     for at in range(0, len(ids), chunk):
         part = ids[at:at + chunk]
         out = step("prefill", {"tokens": np.asarray(part, np.int32), "pos": np.arange(at, at + len(part), dtype=np.int32),
@@ -148,7 +148,7 @@ def plan_run_rss(plan: str, threads: int | None, n_decode: int) -> dict:
     subprocess.run(cmd, check=True, capture_output=True)
     header, offset = read_header(plan)
     held = summarize(header, read_body(plan, offset))["held_beyond_file"]
-    size = header["model"]["fingerprint"]["file_size"]
+    size = header.model.fingerprint["file_size"]
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     return {"command": " ".join(["plan", *cmd[1:]]), "peak_rss_mib": round(peak / 2**20, 1),
             "file_mib": round(size / 2**20, 1), "over_file_mib": round((peak - size) / 2**20, 1),

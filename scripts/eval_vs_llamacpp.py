@@ -129,8 +129,8 @@ def main() -> int:
 
         model = str(gemma.assemble())
     plan = plan_for(model, max(args.ctx, DEFAULT_CHUNK), max_seqs=DEFAULT_CHUNK)
-    limits = read_header(plan)[0]["limits"]
-    engine = Engine.load(plan, kv_blocks=kv_blocks_needed(limits["chunk"], args.ctx))
+    limits = read_header(plan)[0].limits
+    engine = Engine.load(plan, kv_blocks=kv_blocks_needed(limits.chunk, args.ctx))
     tok = engine.tokenizer
     text = Path(args.text).read_text(encoding="utf-8")
     ids = tok.encode(text, add_special=True, parse_special=False)

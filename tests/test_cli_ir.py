@@ -5,8 +5,9 @@ import json
 import numpy as np
 from gguf import GGUFValueType as V
 
-from conftest import GOLDENS, REFERENCE, TINY_SPM
 from llmplan.models.gguf import MetaValue
+
+from conftest import GOLDENS, REFERENCE, TINY_SPM
 from model_files import rewrite
 
 

@@ -2,8 +2,9 @@
 
 import json
 
-from conftest import GOLDENS, TINY_BPE
 from llmplan.passes.manager import PASS_NAMES
+
+from conftest import GOLDENS, TINY_BPE
 
 
 def test_table(cli):

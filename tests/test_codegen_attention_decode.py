@@ -17,11 +17,13 @@ from llmplan.codegen.families import attention_decode as ad
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATIONS
 from llmplan.runtime import numpy_kernels as ck
 
 from codegen_checks import built, needs_emulator
 from kernel_emu import runner
 from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
+from launch_records import lowered, phase_buffers, wire
 
 # (head_dim, group, chunk): Llama-3-8B, Llama-3-70B, Gemma 3, Llama 2 (MHA), small and odd head sizes,
 # a head over 256 (two 16-byte slices per lane), a short chunk
@@ -35,7 +37,7 @@ NAMES = ["lp_attention_partial_d128_g4_c256", "lp_attention_partial_d128_g8_c256
 
 
 def all_kernels():
-    return [ad.partial_kernel(*p) for p in PARTIALS] + [ad.reduce_kernel(f) for f in ad.OUT_FORMATS]
+    return [ad.partial_kernel(*p) for p in PARTIALS] + [ad.reduce_kernel(f) for f in ACTIVATIONS]
 
 
 # --- building ------------------------------------------------------------------------------------
@@ -80,7 +82,8 @@ def test_shape_errors():
     with pytest.raises(BuildError, match="whole 16-position pages"):
         ad.partial_kernel(128, 4, 200)
     with pytest.raises(BuildError, match="format"):
-        ad.reduce_kernel("q4_k")
+        ad.launches(lowered({"op": "attention_reduce_pack", "args": [{"buf": 1}], "outs": [{"buf": 2}],
+                             "attrs": {"format": "q4_k"}}), gemma_context())
 
 
 # --- launch records ------------------------------------------------------------------------------
@@ -88,20 +91,20 @@ def test_shape_errors():
 def gemma_context(target="sm_89"):
     buffers = [{"dtype": "f32", "shape": ["rows", 1024]}, {"dtype": "f32", "shape": [1, 4, "splits", 258]},
                {"dtype": "q8_k", "shape": [1, 1024]}]
-    return Context(buffers, {}, TARGETS[target])
+    return Context(phase_buffers(buffers), {}, TARGETS[target])
 
 
-PARTIAL_LAUNCH = {"op": "attention_partial", "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"},
+PARTIAL_LAUNCH = lowered({"op": "attention_partial", "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"},
                                                      {"state": "pos"}],
                   "outs": [{"buf": 1}], "attrs": {"chunk": 256, "heads": 4, "kv_heads": 1, "layer": 6,
-                                                  "scale": 0.0625, "window": 512}}
+                                                  "scale": 0.0625, "window": 512}})
 
 
 def test_partial_launch_record():
     (l,) = ad.launches(PARTIAL_LAUNCH, gemma_context())
     assert l.kernel.name == "lp_attention_partial_d256_g4_c256" and l.kernel.block == 256
     assert l.grid == (("splits", 1), 1, 1)
-    assert l.args == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}, {"buf": 1},
+    assert wire(l.args) == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}, {"buf": 1},
                       {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 1}, {"i32": "splits"}, {"i32": 512},
                       {"f32": 0.0625}]
     assert l.smem == 0 and l.kernel.expects == ("load128",)
@@ -109,12 +112,12 @@ def test_partial_launch_record():
 
 def test_reduce_launch_records():
     ctx = gemma_context()
-    (l,) = ad.launches({"op": "attention_reduce_pack", "args": [{"buf": 1}], "outs": [{"buf": 2}],
-                        "attrs": {"format": "q8_k"}}, ctx)
+    (l,) = ad.launches(lowered({"op": "attention_reduce_pack", "args": [{"buf": 1}], "outs": [{"buf": 2}],
+                        "attrs": {"format": "q8_k"}}), ctx)
     assert l.kernel.name == "lp_attention_reduce_pack_q8_k" and l.kernel.family == "attention_reduce"
     assert l.grid == (4, 1)  # 1024 outputs / 256 per block, one row
-    assert l.args == [{"buf": 1}, {"buf": 2}, {"i32": 1}, {"i32": 4}, {"i32": 256}, {"i32": "splits"}]
-    (l,) = ad.launches({"op": "attention_reduce", "args": [{"buf": 1}], "outs": [{"buf": 0}], "attrs": {}}, ctx)
+    assert wire(l.args) == [{"buf": 1}, {"buf": 2}, {"i32": 1}, {"i32": 4}, {"i32": 256}, {"i32": "splits"}]
+    (l,) = ad.launches(lowered({"op": "attention_reduce", "args": [{"buf": 1}], "outs": [{"buf": 0}], "attrs": {}}), ctx)
     assert l.kernel.name == "lp_attention_reduce_f32"
 
 
@@ -133,7 +136,7 @@ CASES = [
 @pytest.fixture(scope="module")
 def emulators():
     """wave -> runner, built on first use (a GPU runner skips the wave width its GPU lacks)."""
-    kernels = [ad.partial_kernel(c[0], c[1], c[3]) for c in CASES] + [ad.reduce_kernel(f) for f in ad.OUT_FORMATS]
+    kernels = [ad.partial_kernel(c[0], c[1], c[3]) for c in CASES] + [ad.reduce_kernel(f) for f in ACTIVATIONS]
     return functools.cache(lambda wave: runner(kernels, wave))
 
 
@@ -154,10 +157,10 @@ def test_partial_matches_twin(emulators, wave, case):
     q = rng.standard_normal((rows, heads * d)).astype(np.float32)
     seq, pos = np.array(seq, np.int32), np.array(pos, np.int32)
     attrs = {"chunk": chunk, "heads": heads, "kv_heads": kvh, "layer": 1, "scale": float(d**-0.5), "window": window}
-    launch = {"op": "attention_partial", "attrs": attrs, "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"},
-              {"state": "pages"}, {"state": "pos"}], "outs": [{"buf": 1}]}
-    ctx = Context([{"dtype": "f32", "shape": ["rows", heads * d]},
-                   {"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]}], {}, TARGETS["sm_89"])
+    launch = lowered({"op": "attention_partial", "attrs": attrs, "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"},
+              {"state": "pages"}, {"state": "pos"}], "outs": [{"buf": 1}]})
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", heads * d]},
+                   {"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]}]), {}, TARGETS["sm_89"])
     (l,) = ad.launches(launch, ctx)
     part = np.full((rows, heads, splits, d + 2), np.nan, np.float32)
     arrays = {"buf": {0: q, 1: part}, "state": {"seq": seq, "pages": pages, "pos": pos}}
@@ -192,17 +195,17 @@ def _partials(rng, rows, heads, d, splits):
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("fmt", list(ad.OUT_FORMATS))
+@pytest.mark.parametrize("fmt", list(ACTIVATIONS))
 def test_reduce_matches_twin(emulators, wave, fmt):
     heads, d = (8, 128) if fmt == "q8_k" else (5, 96)  # 480 outputs: a partial last tile
     rows, splits = 3, 6
     rng = np.random.default_rng(7)
     part = _partials(rng, rows, heads, d, splits)
     op = "attention_reduce" if fmt == "f32" else "attention_reduce_pack"
-    ctx = Context([{"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]},
-                   {"dtype": fmt, "shape": ["rows", heads * d]}], {}, TARGETS["gfx942"])
-    (l,) = ad.launches({"op": op, "args": [{"buf": 0}], "outs": [{"buf": 1}],
-                        "attrs": {"format": fmt} if fmt != "f32" else {}}, ctx)
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]},
+                   {"dtype": fmt, "shape": ["rows", heads * d]}]), {}, TARGETS["gfx942"])
+    (l,) = ad.launches(lowered({"op": op, "args": [{"buf": 0}], "outs": [{"buf": 1}],
+                        "attrs": {"format": fmt} if fmt != "f32" else {}}), ctx)
     symbols = {"rows": rows, "splits": splits}
     want_f32 = num.reduce_partials(part)
     if fmt in ("f32", "f16", "bf16"):

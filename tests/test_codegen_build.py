@@ -1,15 +1,19 @@
 """The kernel build on a machine without a GPU: one translation unit per target, manifests read from
-the compilers, gates, a cache, and errors that name the kernel and the target."""
+the compilers, gates, a cache, and errors that name the kernel and the target; kernel sources that
+leave vendor differences to vendor.h and mma.cuh."""
 
 import dataclasses
+import re
 
 import pytest
 
-from conftest import require_compiler
-from llmplan.codegen.build import BuildError, Manifest, build, gate, render
+from llmplan.codegen.build import KERNEL_DIR, BuildError, Manifest, build, gate, render
 from llmplan.codegen.families import norm
 from llmplan.codegen.kernel import Context, Kernel
 from llmplan.codegen.targets import TARGETS
+
+from conftest import require_compiler
+from launch_records import lowered, phase_buffers
 
 ALL = list(TARGETS)
 
@@ -18,13 +22,13 @@ def _norm_kernels():
     bufs = [{"dtype": "f32", "shape": ["rows", 1024]}, {"dtype": "q8_k", "shape": ["rows", 1024]},
             {"dtype": "q8_0", "shape": ["rows", 1024]}, {"dtype": "q8_1", "shape": ["rows", 1024]},
             {"dtype": "f32", "shape": ["rows", 1024]}]
-    ctx = Context(bufs, {"w": ("F32", (1024,))}, TARGETS["sm_90"])
+    ctx = Context(phase_buffers(bufs), {"w": ("F32", (1024,))}, TARGETS["sm_90"])
     out = []
     for op, fmt, dst in [("rmsnorm_pack", "q8_k", 1), ("rmsnorm_pack", "q8_0", 2), ("rmsnorm_pack", "q8_1", 3),
                          ("pack", "q8_k", 1), ("pack", "q8_0", 2), ("pack", "q8_1", 3), ("rmsnorm", None, 4)]:
         args = [{"buf": 0}] if op == "pack" else [{"buf": 0}, {"weight": "w"}]
-        launch = {"op": op, "attrs": {"eps": 1e-5} | ({"format": fmt} if fmt else {}), "args": args,
-                  "outs": [{"buf": dst}]}
+        launch = lowered({"op": op, "attrs": {"eps": 1e-5} | ({"format": fmt} if fmt else {}), "args": args,
+                  "outs": [{"buf": dst}]})
         out += norm.launches(launch, ctx)
     return out
 
@@ -90,3 +94,28 @@ def test_unsupported_family_is_refused_with_its_reason():
     k = Kernel("lp_mma", "gemm_mma", "norm.cu", "", 128)
     with pytest.raises(BuildError, match="lp_mma for gfx942: family gemm_mma is unsupported there: CDNA3 MFMA"):
         build([k], TARGETS["gfx942"])
+
+
+VENDOR_BRANCH = re.compile(r"\s*#\s*(?:if|elif|ifdef|ifndef)\b.*\bLP_(?:MMA|WMMA|HIP|CUDA|CDNA|RDNA)\b")
+
+
+def vendor_branches(source: str) -> list[str]:
+    """The preprocessor branches on the vendor in a kernel source outside its tuning tables (struct
+    Lp...Cfg): what differs between vendors belongs in vendor.h and mma.cuh, so that a kernel reads
+    the same on every target."""
+    tables = []
+    for m in re.finditer(r"struct Lp\w*Cfg\b[^;{]*\{", source):
+        depth, end = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(source[end], 0)
+            end += 1
+        tables.append((m.start(), end))
+    return [m.group().strip() for m in re.finditer(r"(?m)^.*$", source)
+            if VENDOR_BRANCH.match(m.group()) and not any(a <= m.start() < b for a, b in tables)]
+
+
+def test_kernels_leave_vendor_differences_to_the_vendor_headers():
+    assert {p.name: vendor_branches(p.read_text()) for p in KERNEL_DIR.glob("*.cu")} == \
+        {p.name: [] for p in KERNEL_DIR.glob("*.cu")}
+    injected = "struct LpXCfg {\n#if defined(LP_WMMA)\n#endif\n};\nvoid k() {\n#elif defined(LP_MMA)\n}\n"
+    assert vendor_branches(injected) == ["#elif defined(LP_MMA)"]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from llmplan.codegen import build as build_mod
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import embed
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -28,17 +29,18 @@ from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixt
 from conftest import require_compiler
 from kernel_emu import runner
 from kernel_inputs import planar_bytes, random_blocks
+from launch_records import lowered, phase_buffers, wire
 
 
 def test_launch():
-    ctx = Context([{"dtype": "f32", "shape": ["rows", 4096]}], {"token_embd.weight": ("Q4_K", (128256, 4096))},
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 4096]}]), {"token_embd.weight": ("Q4_K", (128256, 4096))},
                   TARGETS["sm_90"])
-    launch = {"op": "embed", "attrs": {}, "args": [{"weight": "token_embd.weight"}, {"state": "tokens"}],
-              "outs": [{"buf": 0}]}
+    launch = lowered({"op": "embed", "attrs": {}, "args": [{"weight": "token_embd.weight"}, {"state": "tokens"}],
+              "outs": [{"buf": 0}]})
     (ln,) = embed.launches(launch, ctx)
     assert ln.kernel.name == "lp_embed_q4_k" and ln.kernel.family == "embed_rows" and ln.kernel.block == 256
     assert ln.grid == (("rows", 1),) and ln.smem == 0
-    assert ln.args == [{"weight": "token_embd.weight", "layout": "planar"}, {"state": "tokens"}, {"buf": 0},
+    assert wire(ln.args) == [{"weight": "token_embd.weight", "layout": "planar"}, {"state": "tokens"}, {"buf": 0},
                        {"i32": 128256}, {"i32": 4096}]
     assert ln.kernel.entry == ("LP_KERNEL void __launch_bounds__(256) lp_embed_q4_k(const void* table, "
                                "const int* tokens, float* out, int vocab, int k) "
@@ -46,10 +48,10 @@ def test_launch():
 
 
 def test_unreadable_tables_are_errors():
-    ctx = Context([{"dtype": "f32", "shape": ["rows", 100]}], {"t": ("Q8_0", (10, 100))}, TARGETS["sm_90"])
-    with pytest.raises(embed.EmbedError, match="not whole blocks"):
-        embed.launches({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}],
-                        "outs": [{"buf": 0}]}, ctx)
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 100]}]), {"t": ("Q8_0", (10, 100))}, TARGETS["sm_90"])
+    with pytest.raises(BuildError, match="not a multiple"):
+        embed.launches(lowered({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}],
+                        "outs": [{"buf": 0}]}), ctx)
 
 
 def catalog(target) -> list:
@@ -96,9 +98,9 @@ def test_rows_are_bit_exact(fmt, wave, rng):
     tokens = np.array([4, 0, 8, 4, 9, -1, 2], np.int32)  # 9 and -1 are outside the table
     inside = (tokens >= 0) & (tokens < vocab)
     out = np.full((len(tokens) + 1, k), 7.0, np.float32)  # the extra row must stay untouched
-    ctx = Context([{"dtype": "f32", "shape": ["rows", k]}], {"t": (fmt, (vocab, k))}, TARGETS["sm_90"])
-    (ln,) = embed.launches({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}],
-                            "outs": [{"buf": 0}]}, ctx)
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", k]}]), {"t": (fmt, (vocab, k))}, TARGETS["sm_90"])
+    (ln,) = embed.launches(lowered({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}],
+                            "outs": [{"buf": 0}]}), ctx)
     emu(wave).launch(ln, lambda ref: table if "weight" in ref else tokens if "state" in ref else out,
                      {"rows": len(tokens)})
     want = np.empty((inside.sum(), k), np.float32)

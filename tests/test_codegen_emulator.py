@@ -10,9 +10,10 @@ import functools
 import numpy as np
 import pytest
 
+from llmplan.codegen.kernel import Kernel, Launch
+
 from codegen_checks import needs_host_emulator
 from kernel_emu import Emulator
-from llmplan.codegen.kernel import Kernel, Launch
 
 pytestmark = needs_host_emulator
 

@@ -20,13 +20,16 @@ import functools
 import numpy as np
 import pytest
 
-from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
-from kernel_emu import runner
-from kernel_inputs import nmse, page_table, paged_cache
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import attention_prefill as attn
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
 from llmplan.core import numerics as num
+
+from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
+from kernel_emu import runner
+from kernel_inputs import nmse, page_table, paged_cache
+from launch_records import lowered, phase_buffers, wire
 
 DIMS = (64, 128, 256)
 # online softmax rounds exp(s - running max) to f16 where the twin rounds exp(s - final max): the
@@ -34,64 +37,64 @@ DIMS = (64, 128, 256)
 LOOSE = 1e-6
 
 
-def launch_dict(heads, kv_heads, member=None, window=0, layer=1, scale=0.125):
+def attention_launch(heads, kv_heads, member=None, window=0, layer=1, scale=0.125):
     d = {"op": "attention", "attrs": {"layer": layer, "heads": heads, "kv_heads": kv_heads, "scale": scale,
                                       "window": window},
          "args": [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}],
          "outs": [{"buf": 1}]}
-    return d | ({"member": member} if member else {})
+    return lowered(d | ({"member": member} if member else {}))
 
 
 def ctx_for(target, width):
-    return Context([{"dtype": "f32", "shape": ["rows", width]}] * 2, {}, TARGETS[target])
+    return Context(phase_buffers([{"dtype": "f32", "shape": ["rows", width]}] * 2), {}, TARGETS[target])
 
 
 # --- Launch records -------------------------------------------------------------------------------
 
 def test_flash_launch():
-    (ln,) = attn.launches(launch_dict(32, 8, "flash"), ctx_for("sm_90", 32 * 128))
+    (ln,) = attn.launches(attention_launch(32, 8, "flash"), ctx_for("sm_90", 32 * 128))
     k = ln.kernel
     assert (k.name, k.family, k.source, k.block, k.expects) == (
         "lp_attention_flash_d128", "flash_attention", "flash_attention.cu", 128, ("hmma",))
     assert ln.grid == (("rows", 16), 8)  # 64 query vectors per block = 16 rows x 4 heads of a group
     assert ln.smem == 0
-    assert ln.args == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}, {"buf": 1},
+    assert wire(ln.args) == [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}, {"buf": 1},
                        {"i32": "rows"}, {"i32": 32}, {"i32": 8}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 1},
                        {"f32": 0.125}, {"i32": 0}]
 
 
 def test_flash_geometry_per_head_dim():
-    (ln,) = attn.launches(launch_dict(4, 1, "flash", window=512), ctx_for("gfx1151", 4 * 256))  # gemma 3
+    (ln,) = attn.launches(attention_launch(4, 1, "flash", window=512), ctx_for("gfx1151", 4 * 256))  # gemma 3
     assert ln.kernel.name == "lp_attention_flash_d256" and ln.kernel.block == 64
     assert ln.grid == (("rows", 8), 1)
-    (ln,) = attn.launches(launch_dict(6, 2, "flash"), ctx_for("gfx1100", 6 * 64))  # group of 3: 21 rows
+    (ln,) = attn.launches(attention_launch(6, 2, "flash"), ctx_for("gfx1100", 6 * 64))  # group of 3: 21 rows
     assert ln.grid == (("rows", 21), 2) and ln.kernel.block == 128
 
 
 def test_rows_launch():
-    (ln,) = attn.launches(launch_dict(4, 2, "rows"), ctx_for("gfx942", 4 * 64))
+    (ln,) = attn.launches(attention_launch(4, 2, "rows"), ctx_for("gfx942", 4 * 64))
     assert (ln.kernel.name, ln.kernel.family, ln.kernel.block, ln.kernel.expects) == (
         "lp_attention_rows_d64", "attention_rows", 128, ())
     assert ln.grid == (("rows", 1), 4)
 
 
 def test_default_members():
-    assert attn.launches(launch_dict(8, 2), ctx_for("sm_89", 8 * 128))[0].kernel.name == "lp_attention_flash_d128"
-    assert attn.launches(launch_dict(8, 2, "numpy"), ctx_for("gfx942", 8 * 128))[0].kernel.name == \
+    assert attn.launches(attention_launch(8, 2), ctx_for("sm_89", 8 * 128))[0].kernel.name == "lp_attention_flash_d128"
+    assert attn.launches(attention_launch(8, 2, "numpy"), ctx_for("gfx942", 8 * 128))[0].kernel.name == \
         "lp_attention_rows_d128"
-    assert attn.launches(launch_dict(4, 4), ctx_for("sm_90", 4 * 96))[0].kernel.name == "lp_attention_rows_d96"
+    assert attn.launches(attention_launch(4, 4), ctx_for("sm_90", 4 * 96))[0].kernel.name == "lp_attention_rows_d96"
     assert attn.members(TARGETS["gfx942"], 128, 4) == ["rows"]
     assert attn.members(TARGETS["sm_90"], 128, 128) == ["rows"]  # a group wider than a flash block
     assert attn.members(TARGETS["gfx942"], 96) == []  # rows need a multiple of the 64-wide wave there
 
 
 def test_errors_name_the_problem():
-    with pytest.raises(attn.AttentionError, match="no kernel for head dim 128, group 4 on gfx942: CDNA3"):
-        attn.launches(launch_dict(8, 2, "flash"), ctx_for("gfx942", 8 * 128))
-    with pytest.raises(attn.AttentionError, match="not one of"):
-        attn.launches(launch_dict(8, 2, "paged"), ctx_for("sm_90", 8 * 128))
-    with pytest.raises(attn.AttentionError, match="do not fit"):
-        attn.launches(launch_dict(8, 3, "flash"), ctx_for("sm_90", 8 * 128))
+    with pytest.raises(BuildError, match="no kernel for head dim 128, group 4 on gfx942: CDNA3"):
+        attn.launches(attention_launch(8, 2, "flash"), ctx_for("gfx942", 8 * 128))
+    with pytest.raises(BuildError, match="not one of"):
+        attn.launches(attention_launch(8, 2, "paged"), ctx_for("sm_90", 8 * 128))
+    with pytest.raises(BuildError, match="do not fit"):
+        attn.launches(attention_launch(8, 3, "flash"), ctx_for("sm_90", 8 * 128))
 
 
 def test_shared_memory():
@@ -157,7 +160,7 @@ def attend(mode, wave, q, cache, seq, pages, pos, heads, kv_heads, window):
     rows, width = q.shape
     scale = 1.0 / np.sqrt(width // heads)
     out = np.full((rows + 1, width), np.nan, np.float32)  # poisoned, with a guard row
-    (ln,) = attn.launches(launch_dict(heads, kv_heads, member, window, LAYER, scale), ctx_for(target, width))
+    (ln,) = attn.launches(attention_launch(heads, kv_heads, member, window, LAYER, scale), ctx_for(target, width))
     state = {"seq": seq, "pages": pages, "pos": pos}
 
     def bind(ref):

@@ -24,6 +24,7 @@ from llmplan.runtime.numpy_kernels import matmul as cpu_matmul
 from codegen_checks import needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
 from kernel_inputs import nmse, pack_activation, random_weight
+from launch_records import lowered, phase_buffers
 
 pytestmark = needs_emulator
 
@@ -85,8 +86,8 @@ def run(mode, op, formats, rows, ns, rng, member=None, k=None, inplace=False):
             arrays[len(bufs) - 1] = ys[0]
         else:
             arrays[len(bufs) - 1] = r
-    ctx = Context(bufs, {w: (f.upper(), (n, k)) for w, f, n in zip(names, formats, ns)}, TARGETS[TARGET[mode]])
-    launches = gemm.launches({"op": op, "attrs": {}, "args": args, "outs": outs, "member": member}, ctx)
+    ctx = Context(phase_buffers(bufs), {w: (f.upper(), (n, k)) for w, f, n in zip(names, formats, ns)}, TARGETS[TARGET[mode]])
+    launches = gemm.launches(lowered({"op": op, "attrs": {}, "args": args, "outs": outs, "member": member}), ctx)
     scratch = {}
 
     def bind(ref):

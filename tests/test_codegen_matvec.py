@@ -20,6 +20,7 @@ import functools
 import numpy as np
 import pytest
 
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import matvec
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -29,6 +30,7 @@ from llmplan.runtime.numpy_kernels import matmul as cpu_matmul
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
 from kernel_inputs import nmse, random_activation, random_weight
+from launch_records import lowered, phase_buffers, wire
 
 TIGHT = 1e-9
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q4_K", "Q6_K"], ["Q5_K", "Q3_K", "Q2_K"], ["Q8_0", "Q4_0", "Q5_0"],
@@ -36,7 +38,7 @@ SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q4_K", "Q6_K"], ["Q5_K", "Q3_K", "Q2_K"]
 
 
 def context(target, weights: dict, buffers: list) -> Context:
-    return Context(buffers, weights, TARGETS[target])
+    return Context(phase_buffers(buffers), weights, TARGETS[target])
 
 
 # --- the Launch records ---------------------------------------------------------------------------------
@@ -44,15 +46,15 @@ def context(target, weights: dict, buffers: list) -> Context:
 def test_plain_launch():
     ctx = context("sm_90", {"blk.0.ffn_down.weight": ("Q6_K", (4096, 14336))},
                   [{"dtype": "q8_k", "shape": ["rows", 14336]}, {"dtype": "f32", "shape": ["rows", 4096]}])
-    launch = {"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}],
-              "outs": [{"buf": 1}], "member": "c1"}
+    launch = lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}],
+              "outs": [{"buf": 1}], "member": "c1"})
     (ln,) = matvec.launches(launch, ctx)
     assert ln.kernel.name == "lp_matvec_q6_k_seg1_res0_c1"
     assert ln.kernel.family == "matmul" and ln.kernel.source == "matvec.cu"
     assert ln.kernel.block == 4 * 32 and ln.smem == 0
     assert ln.kernel.expects == ("dot4", "load128")
     assert ln.grid == (1024, ("rows", 1))
-    assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "planar"}, {"buf": 1},
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "planar"}, {"buf": 1},
                        {"i32": "rows"}, {"i32": 14336}, {"i32": 4096}]
     assert ln.kernel.entry.startswith("LP_KERNEL void __launch_bounds__(128, 1) lp_matvec_q6_k_seg1_res0_c1("
                                       "const void* x, const void* w0, float* y0, int rows, int k, int n0) {")
@@ -62,14 +64,14 @@ def test_segmented_launch_with_mixed_formats():
     ws = {"q": ("Q4_K", (4096, 4096)), "k": ("Q4_K", (1024, 4096)), "v": ("Q6_K", (1024, 4096))}
     bufs = [{"dtype": "q8_k", "shape": ["rows", 4096]}]
     bufs += [{"dtype": "f32", "shape": ["rows", n]} for n in (4096, 1024, 1024)]
-    launch = {"op": "matmul_segmented", "attrs": {},
+    launch = lowered({"op": "matmul_segmented", "attrs": {},
               "args": [{"buf": 0}, {"weight": "q"}, {"weight": "k"}, {"weight": "v"}],
-              "outs": [{"buf": 1}, {"buf": 2}, {"buf": 3}]}
+              "outs": [{"buf": 1}, {"buf": 2}, {"buf": 3}]})
     (ln,) = matvec.launches(launch, context("gfx942", ws, bufs))
     assert ln.kernel.name == "lp_matvec_q4_k_q4_k_q6_k_seg3_res0_c8"  # no member, symbolic rows: 8 columns
     assert ln.kernel.block == 4 * 64
     assert ln.grid == (6144 // 4, ("rows", 8))
-    assert ln.args == [{"buf": 0}, {"weight": "q", "layout": "planar"}, {"weight": "k", "layout": "planar"},
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "q", "layout": "planar"}, {"weight": "k", "layout": "planar"},
                        {"weight": "v", "layout": "planar"}, {"buf": 1}, {"buf": 2}, {"buf": 3},
                        {"i32": "rows"}, {"i32": 4096}, {"i32": 4096}, {"i32": 1024}, {"i32": 1024}]
     assert "lp_matvec<LP_FMT_Q4_K, LP_FMT_Q4_K, LP_FMT_Q6_K, 3, false, 8>(" in ln.kernel.entry
@@ -79,12 +81,12 @@ def test_residual_launch():
     ctx = context("gfx1151", {"o": ("Q4_K", (4096, 4096))},
                   [{"dtype": "q8_k", "shape": [3, 4096]}, {"dtype": "f32", "shape": [3, 4096]},
                    {"dtype": "f32", "shape": [3, 4096]}])
-    launch = {"op": "matmul_residual", "attrs": {}, "args": [{"buf": 0}, {"weight": "o"}, {"buf": 1}],
-              "outs": [{"buf": 2}]}
+    launch = lowered({"op": "matmul_residual", "attrs": {}, "args": [{"buf": 0}, {"weight": "o"}, {"buf": 1}],
+              "outs": [{"buf": 2}]})
     (ln,) = matvec.launches(launch, ctx)
     assert ln.kernel.name == "lp_matvec_q4_k_seg1_res1_c3"  # a known row count: that many columns
     assert ln.grid == (1024, 1)
-    assert ln.args == [{"buf": 0}, {"weight": "o", "layout": "planar"}, {"buf": 1}, {"buf": 2},
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "o", "layout": "planar"}, {"buf": 1}, {"buf": 2},
                        {"i32": 3}, {"i32": 4096}, {"i32": 4096}]
     assert "const float* r, float* y0" in ln.kernel.entry
 
@@ -92,15 +94,15 @@ def test_residual_launch():
 def test_f16_weights_expect_no_integer_dots():
     ctx = context("sm_89", {"w": ("F16", (640, 640))},
                   [{"dtype": "f16", "shape": ["rows", 640]}, {"dtype": "f32", "shape": ["rows", 640]}])
-    (ln,) = matvec.launches({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}],
-                             "member": "c2"}, ctx)
+    (ln,) = matvec.launches(lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}],
+                             "member": "c2"}), ctx)
     assert ln.kernel.name == "lp_matvec_f16_seg1_res0_c2" and ln.kernel.expects == ("load128",)
 
 
 def test_columns():
-    assert matvec.columns({}, 1) == 1 and matvec.columns({}, 5) == 5 and matvec.columns({}, 300) == 8
-    assert matvec.columns({}, "rows") == 8
-    assert matvec.columns({"member": "c4"}, "rows") == 4 and matvec.columns({"member": "c4"}, 1) == 4
+    assert matvec.columns("", 1) == 1 and matvec.columns("", 5) == 5 and matvec.columns("", 300) == 8
+    assert matvec.columns("", "rows") == 8
+    assert matvec.columns("c4", "rows") == 4 and matvec.columns("c4", 1) == 4
     assert matvec.MEMBERS == ("c1", "c2", "c3", "c4", "c5", "c6", "c7", "c8")
 
 
@@ -121,16 +123,16 @@ def test_names_are_stable_and_the_same_on_every_target(target):
 def test_errors(weights, fmt, message):
     k = weights["w"][1][1]
     ctx = context("sm_90", weights, [{"dtype": fmt, "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", 64]}])
-    with pytest.raises(matvec.MatvecError, match=message):
-        matvec.launches({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}, ctx)
+    with pytest.raises(BuildError, match=message):
+        matvec.launches(lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}), ctx)
 
 
 def test_segments_must_share_the_activation_format():
     ctx = context("sm_90", {"a": ("Q4_K", (64, 256)), "b": ("Q8_0", (64, 256))},
                   [{"dtype": "q8_k", "shape": ["rows", 256]}] + [{"dtype": "f32", "shape": ["rows", 64]}] * 2)
-    with pytest.raises(matvec.MatvecError, match="different activations"):
-        matvec.launches({"op": "matmul_segmented", "attrs": {}, "args": [{"buf": 0}, {"weight": "a"}, {"weight": "b"}],
-                         "outs": [{"buf": 1}, {"buf": 2}]}, ctx)
+    with pytest.raises(BuildError, match="different activations"):
+        matvec.launches(lowered({"op": "matmul_segmented", "attrs": {}, "args": [{"buf": 0}, {"weight": "a"}, {"weight": "b"}],
+                         "outs": [{"buf": 1}, {"buf": 2}]}), ctx)
 
 
 # --- builds ---------------------------------------------------------------------------------------------
@@ -208,8 +210,8 @@ def run_matvec(wave, op, formats, rows, ns, rng, member, residual=False, inplace
             arrays[len(bufs) - 1] = ys[0]
         else:
             arrays[len(bufs) - 1] = r
-    ctx = Context(bufs, {w: (f, (n, k)) for w, f, n in zip(names, formats, ns)}, t)
-    (ln,) = matvec.launches({"op": op, "attrs": {}, "args": args, "outs": outs, "member": member}, ctx)
+    ctx = Context(phase_buffers(bufs), {w: (f, (n, k)) for w, f, n in zip(names, formats, ns)}, t)
+    (ln,) = matvec.launches(lowered({"op": op, "attrs": {}, "args": args, "outs": outs, "member": member}), ctx)
     by_name = dict(zip(names, planar))
     e.launch(ln, lambda ref: by_name[ref["weight"]] if "weight" in ref else arrays[ref["buf"]], {"rows": rows})
     want = [np.empty((rows, n), np.float32) for n in ns]

@@ -11,6 +11,7 @@ import functools
 import numpy as np
 import pytest
 
+from llmplan.codegen import operands
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import elementwise as ew
 from llmplan.codegen.families import glu, rope_kv
@@ -23,12 +24,13 @@ from llmplan.runtime import numpy_kernels as ck
 from codegen_checks import built, needs_emulator
 from kernel_emu import runner
 from kernel_inputs import nmse, packed_buffer, page_table
+from launch_records import lowered, phase_buffers, wire
 
 
 def all_kernels():
-    return ([rope_kv.kernel(m, n) for m in rope_kv.MODES for n in (False, True)]
-            + [glu.kernel(a, f) for a in glu.ACTS for f in glu.FORMATS]
-            + [ew.kernel(o, v) for o in ew.OPS for v in (4, 1)]
+    return ([rope_kv.kernel(m, n) for m in operands.ROPE_MODES for n in (False, True)]
+            + [glu.kernel(a, f) for a in operands.GLU_ACTS for f in glu.FORMATS]
+            + [ew.kernel(o, v) for o in operands.EW_OPS for v in (4, 1)]
             + [ew.take_rows_kernel(b) for b in (16, 4, 2, 1)])
 
 
@@ -61,16 +63,17 @@ def test_builds_without_spills(target):
 
 
 def test_errors():
-    with pytest.raises(BuildError, match="mode"):
-        rope_kv.kernel("glm", False)
+    gates = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 64]}] * 2 + [{"dtype": "q8_0", "shape": ["rows", 64]}]),
+                    {}, TARGETS["sm_89"])
     with pytest.raises(BuildError, match="activation"):
-        glu.kernel("relu", "q8_0")
+        glu.launches(lowered({"op": "glu_pack", "attrs": {"act": "relu", "format": "q8_0"}, "args": [{"buf": 0}, {"buf": 1}],
+                              "outs": [{"buf": 2}]}), gates)
     with pytest.raises(BuildError, match="elementwise"):
         ew.kernel("div", 4)
-    ctx = Context([{"dtype": "q8_0", "shape": ["rows", 64]}, {"dtype": "i32", "shape": ["seqs"]},
-                   {"dtype": "q8_0", "shape": ["seqs", 64]}], {}, TARGETS["sm_89"])
+    ctx = Context(phase_buffers([{"dtype": "q8_0", "shape": ["rows", 64]}, {"dtype": "i32", "shape": ["seqs"]},
+                   {"dtype": "q8_0", "shape": ["seqs", 64]}]), {}, TARGETS["sm_89"])
     with pytest.raises(BuildError, match="take_rows"):
-        ew.launches({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}], "outs": [{"buf": 2}]},
+        ew.launches(lowered({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}], "outs": [{"buf": 2}]}),
                     ctx)
 
 
@@ -78,54 +81,59 @@ def test_errors():
 
 def test_rope_kv_launch_records():
     # Llama 3.1: rope_freqs factors go into the table reference, not the kernel
-    ctx = Context([{"dtype": "f32", "shape": ["rows", 1024]}, {"dtype": "f32", "shape": ["rows", 256]},
-                   {"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": ["rows", 1024]}],
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 1024]}, {"dtype": "f32", "shape": ["rows", 256]},
+                   {"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": ["rows", 1024]}]),
                   {"rope_freqs.weight": ("F32", (64,))}, TARGETS["gfx1151"])
     attrs = {"base": 500000.0, "dims": 128, "heads": 8, "kv_heads": 2, "layer": 1, "mode": "norm", "scale": 1.0}
-    (l,) = rope_kv.launches({"op": "rope_kv", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2},
+    (l,) = rope_kv.launches(lowered({"op": "rope_kv", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2},
                              {"state": "pos"}, {"state": "seq"}, {"state": "pages"}, {"cache": 1},
-                             {"weight": "rope_freqs.weight"}], "outs": [{"buf": 3}, {"cache": 1}]}, ctx)
+                             {"weight": "rope_freqs.weight"}], "outs": [{"buf": 3}, {"cache": 1}]}), ctx)
     assert l.kernel.name == "lp_rope_kv_norm" and l.kernel.family == "rope_kv" and l.kernel.block == 64
     assert l.grid == (10, ("rows", 1))
     table = {"rope_table": {"base": 500000.0, "scale": 1.0, "dims": 128, "factors": "rope_freqs.weight",
                             "positions": "ctx"}}
-    assert l.args == [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"}, {"state": "pages"},
+    assert wire(l.args) == [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"}, {"state": "pages"},
                       {"cache": 1}, table, {"buf": 3}, {"i32": 8}, {"i32": 2}, {"i32": 128}, {"i32": 128}, {"i32": 1},
                       {"i32": "pages"}, {"i32": "blocks"}]
     # Gemma 3: per-head norms first, neox pairs, no factors
-    ctx = Context([{"dtype": "f32", "shape": [1, 1024]}, {"dtype": "f32", "shape": [1, 256]},
-                   {"dtype": "f32", "shape": [1, 256]}, {"dtype": "f32", "shape": [1, 1024]}],
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": [1, 1024]}, {"dtype": "f32", "shape": [1, 256]},
+                   {"dtype": "f32", "shape": [1, 256]}, {"dtype": "f32", "shape": [1, 1024]}]),
                   {"blk.0.attn_q_norm.weight": ("F32", (256,)), "blk.0.attn_k_norm.weight": ("F32", (256,))},
                   TARGETS["gfx942"])
     attrs = {"base": 10000.0, "dims": 256, "eps": 1e-6, "heads": 4, "kv_heads": 1, "layer": 0, "mode": "neox",
              "scale": 1.0}
     norms = [{"weight": "blk.0.attn_q_norm.weight"}, {"weight": "blk.0.attn_k_norm.weight"}]
-    (l,) = rope_kv.launches({"op": "norm_rope_kv", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2},
+    (l,) = rope_kv.launches(lowered({"op": "norm_rope_kv", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2},
                              {"state": "pos"}, {"state": "seq"}, {"state": "pages"}, {"cache": 1}, *norms],
-                             "outs": [{"buf": 3}, {"cache": 1}]}, ctx)
+                             "outs": [{"buf": 3}, {"cache": 1}]}), ctx)
     assert l.kernel.name == "lp_norm_rope_kv_neox" and l.grid == (5, 1)
-    assert l.args[7] == {"rope_table": {"base": 10000.0, "scale": 1.0, "dims": 256, "factors": None,
+    assert wire(l.args)[7] == {"rope_table": {"base": 10000.0, "scale": 1.0, "dims": 256, "factors": None,
                                         "positions": "ctx"}}
-    assert l.args[8:11] == [*norms, {"buf": 3}] and l.args[-1] == {"f32": 1e-6}
+    assert wire(l.args)[8:11] == [*norms, {"buf": 3}] and wire(l.args)[-1] == {"f32": 1e-6}
+    with pytest.raises(BuildError, match="rotation mode 'glm'"):
+        rope_kv.launches(lowered({"op": "norm_rope_kv", "attrs": attrs | {"mode": "glm"},
+                                  "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
+                                           {"state": "pages"}, {"cache": 1}, *norms], "outs": [{"buf": 3}, {"cache": 1}]}),
+                         ctx)
 
 
 def test_glu_and_elementwise_launch_records():
-    ctx = Context([{"dtype": "f32", "shape": ["rows", 14336]}, {"dtype": "f32", "shape": ["rows", 14336]},
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", 14336]}, {"dtype": "f32", "shape": ["rows", 14336]},
                    {"dtype": "q8_k", "shape": ["rows", 14336]}, {"dtype": "f32", "shape": ["seqs", 14336]},
-                   {"dtype": "f32", "shape": ["rows", 6]}], {}, TARGETS["sm_90"])
-    (l,) = glu.launches({"op": "glu_pack", "attrs": {"act": "silu", "format": "q8_k"}, "args": [{"buf": 0}, {"buf": 1}],
-                         "outs": [{"buf": 2}]}, ctx)
+                   {"dtype": "f32", "shape": ["rows", 6]}]), {}, TARGETS["sm_90"])
+    (l,) = glu.launches(lowered({"op": "glu_pack", "attrs": {"act": "silu", "format": "q8_k"}, "args": [{"buf": 0}, {"buf": 1}],
+                         "outs": [{"buf": 2}]}), ctx)
     assert l.kernel.name == "lp_glu_pack_silu_q8_k" and l.grid == (28, ("rows", 1))
-    assert l.args == [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"i32": "rows"}, {"i32": 14336}]
-    (l,) = ew.launches({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 0}]}, ctx)
+    assert wire(l.args) == [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"i32": "rows"}, {"i32": 14336}]
+    (l,) = ew.launches(lowered({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 0}]}), ctx)
     assert l.kernel.name == "lp_ew_add_v4" and l.grid == (14, ("rows", 1))
-    assert l.args == [{"buf": 0}, {"buf": 1}, {"buf": 0}, {"i32": 14336}]
-    (l,) = ew.launches({"op": "softcap", "attrs": {"cap": 30.0}, "args": [{"buf": 4}], "outs": [{"buf": 4}]}, ctx)
-    assert l.kernel.name == "lp_ew_softcap_v1" and l.args == [{"buf": 4}, {"buf": 4}, {"i32": 6}, {"f32": 30.0}]
-    (l,) = ew.launches({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
-                        "outs": [{"buf": 3}]}, ctx)
+    assert wire(l.args) == [{"buf": 0}, {"buf": 1}, {"buf": 0}, {"i32": 14336}]
+    (l,) = ew.launches(lowered({"op": "softcap", "attrs": {"cap": 30.0}, "args": [{"buf": 4}], "outs": [{"buf": 4}]}), ctx)
+    assert l.kernel.name == "lp_ew_softcap_v1" and wire(l.args) == [{"buf": 4}, {"buf": 4}, {"i32": 6}, {"f32": 30.0}]
+    (l,) = ew.launches(lowered({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
+                        "outs": [{"buf": 3}]}), ctx)
     assert l.kernel.name == "lp_take_rows_b16" and l.kernel.family == "take_rows"
-    assert l.grid == (14, ("seqs", 1)) and l.args == [{"buf": 0}, {"state": "last"}, {"buf": 3}, {"i32": 57344}]
+    assert l.grid == (14, ("seqs", 1)) and wire(l.args) == [{"buf": 0}, {"state": "last"}, {"buf": 3}, {"i32": 57344}]
 
 
 # --- the rope table ------------------------------------------------------------------------------
@@ -198,11 +206,11 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     if op == "norm_rope_kv":
         attrs["eps"] = 1e-6
         extra = [{"weight": "qn"}, {"weight": "kn"}]
-    ctx = Context([{"dtype": "f32", "shape": ["rows", heads * d]}, {"dtype": "f32", "shape": ["rows", kvh * d]},
-                   {"dtype": "f32", "shape": ["rows", kvh * d]}, {"dtype": "f32", "shape": ["rows", heads * d]}],
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", heads * d]}, {"dtype": "f32", "shape": ["rows", kvh * d]},
+                   {"dtype": "f32", "shape": ["rows", kvh * d]}, {"dtype": "f32", "shape": ["rows", heads * d]}]),
                   {"qn": ("F32", (d,)), "kn": ("F32", (d,)), "f": ("F32", (dims // 2,))}, TARGETS["sm_89"])
-    launch = {"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"},
-              {"state": "seq"}, {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]}
+    launch = lowered({"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"},
+              {"state": "seq"}, {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]})
     (l,) = rope_kv.launches(launch, ctx)
     cache = rng.standard_normal((layers, 2, blocks, num.PAGE, kvh * d)).astype(np.float16)
     want_cache = cache.copy()
@@ -233,17 +241,17 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("act", list(glu.ACTS))
+@pytest.mark.parametrize("act", list(operands.GLU_ACTS))
 @pytest.mark.parametrize("fmt", list(glu.FORMATS))
 def test_glu_pack_matches_twin(emulators, wave, act, fmt):
     rng = np.random.default_rng(3)
     rows, k = 2, 1280 if fmt != "q8_0" else 1184  # a partial last tile (1184 = 2 x 512 + 160)
     gate = (rng.standard_normal((rows, k)) * 3).astype(np.float32)
     up = rng.standard_normal((rows, k)).astype(np.float32)
-    ctx = Context([{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", k]},
-                   {"dtype": fmt, "shape": ["rows", k]}], {}, TARGETS["sm_89"])
-    (l,) = glu.launches({"op": "glu_pack", "attrs": {"act": act, "format": fmt}, "args": [{"buf": 0}, {"buf": 1}],
-                         "outs": [{"buf": 2}]}, ctx)
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", k]},
+                   {"dtype": fmt, "shape": ["rows", k]}]), {}, TARGETS["sm_89"])
+    (l,) = glu.launches(lowered({"op": "glu_pack", "attrs": {"act": act, "format": fmt}, "args": [{"buf": 0}, {"buf": 1}],
+                         "outs": [{"buf": 2}]}), ctx)
     symbols = {"rows": rows}
     if fmt in ("f16", "bf16"):
         out = np.full((rows, k), 0xFFFF, np.uint16) if fmt == "bf16" else np.full((rows, k), np.nan, np.float16)
@@ -276,7 +284,7 @@ def test_glu_pack_matches_twin(emulators, wave, act, fmt):
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("op", list(ew.OPS))
+@pytest.mark.parametrize("op", list(operands.EW_OPS))
 @pytest.mark.parametrize("k", [2048 + 4, 777])
 def test_elementwise_matches_twin(emulators, wave, op, k):
     rng = np.random.default_rng(k)
@@ -285,13 +293,13 @@ def test_elementwise_matches_twin(emulators, wave, op, k):
     x[0, :8] = [0.0, -0.0, 1e-30, -1e-30, 88.0, -90.0, 500.0, -500.0]  # tiny, overflow of exp
     y = rng.standard_normal((rows, k)).astype(np.float32)
     attrs = {"scale": {"factor": 25.298221281347036}, "softcap": {"cap": 30.0}}.get(op, {})
-    args = [{"buf": 0}, {"buf": 1}] if op in ew.BINARY else [{"buf": 0}]
-    ctx = Context([{"dtype": "f32", "shape": ["rows", k]}] * 3, {}, TARGETS["sm_89"])
-    (l,) = ew.launches({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}, ctx)
+    args = [{"buf": 0}, {"buf": 1}] if op in operands.EW_BINARY else [{"buf": 0}]
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", k]}] * 3), {}, TARGETS["sm_89"])
+    (l,) = ew.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}), ctx)
     out = np.full_like(x, np.nan)
     emulators(wave).launch(l, _bind({0: x, 1: y, 2: out}), {"rows": rows})
     want = np.empty_like(x)
-    ck.elementwise(op, attrs, [want], x, *([y] if op in ew.BINARY else []))
+    ck.elementwise(op, attrs, [want], x, *([y] if op in operands.EW_BINARY else []))
     assert not np.isnan(out).any()
     if op in ("add", "mul", "scale"):
         assert np.array_equal(out, want)
@@ -313,10 +321,10 @@ def test_take_rows_matches_twin(emulators, wave, dtype, k):
     np_dtype = {"f32": np.float32, "f16": np.float16, "i32": np.int32}[dtype]
     x = (rng.standard_normal((9, k)) * 100).astype(np_dtype)
     last = np.array([8, 0, 3, 3], np.int32)
-    ctx = Context([{"dtype": dtype, "shape": ["rows", k]}, {"dtype": dtype, "shape": ["seqs", k]}], {},
+    ctx = Context(phase_buffers([{"dtype": dtype, "shape": ["rows", k]}, {"dtype": dtype, "shape": ["seqs", k]}]), {},
                   TARGETS["sm_89"])
-    (l,) = ew.launches({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
-                        "outs": [{"buf": 1}]}, ctx)
+    (l,) = ew.launches(lowered({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
+                        "outs": [{"buf": 1}]}), ctx)
     out = np.zeros((len(last), k), np_dtype)
     emulators(wave).launch(l, _bind({0: x, 1: out, "last": last}), {"rows": 9, "seqs": len(last)})
     want = np.empty_like(out)

@@ -10,11 +10,13 @@ index wins, as np.argmax) and NaN logits (the first NaN wins).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 import pytest
 
+from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import matvec, tail
 from llmplan.codegen.kernel import Context
 from llmplan.codegen.targets import TARGETS
@@ -25,19 +27,18 @@ from llmplan.runtime.numpy_kernels import tail_argmax as cpu_tail
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
 from kernel_inputs import planar_bytes, random_blocks, random_weight
+from launch_records import lowered, phase_buffers, wire
 
 EPS = 1e-5
 
 
 def tail_launch(fmt, vocab, k, rows, target="sm_90", member=None, act=None):
-    ctx = Context([{"dtype": "f32", "shape": [rows, k]}, {"dtype": "i32", "shape": [rows]}],
+    ctx = Context(phase_buffers([{"dtype": "f32", "shape": [rows, k]}, {"dtype": "i32", "shape": [rows]}]),
                   {"output_norm.weight": ("F32", (k,)), "output.weight": (fmt, (vocab, k))}, TARGETS[target])
-    launch = {"op": "tail_argmax", "attrs": {"eps": EPS, "format": act or ACTIVATION_FORMAT[fmt.lower()]},
+    launch = lowered({"op": "tail_argmax", "attrs": {"eps": EPS, "format": act or ACTIVATION_FORMAT[fmt.lower()]},
               "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "output.weight"}],
-              "outs": [{"buf": 1}]}
-    if member:
-        launch["member"] = member
-    return tail.launches(launch, ctx)
+              "outs": [{"buf": 1}]})
+    return tail.launches(dataclasses.replace(launch, member=member or ""), ctx)
 
 
 # --- the Launch records ---------------------------------------------------------------------------------
@@ -45,36 +46,36 @@ def tail_launch(fmt, vocab, k, rows, target="sm_90", member=None, act=None):
 def test_launches():
     pack, logits, reduce = tail_launch("Q6_K", 128256, 4096, "rows", member="c1")
     blocks = -(-128256 // tail.SLICE)
-    packed = {"scratch": "tail_argmax.x", "dtype": "q8_k", "shape": ["rows", 4096]}
-    part = {"scratch": "tail_argmax.part", "dtype": "f32", "shape": ["rows", blocks, 2]}
+    packed = {"scratch": "tail_argmax.x", "dtype": "q8_k", "shape": ["rows", 4096], "offset": 0, "bytes": 0}
+    part = {"scratch": "tail_argmax.part", "dtype": "f32", "shape": ["rows", blocks, 2], "offset": 0, "bytes": 0}
     assert pack.kernel.name == "lp_tail_pack_q8_k" and pack.kernel.family == "tail_argmax"
     assert pack.kernel.block == 256 and pack.grid == (("rows", 1),) and pack.smem == 0
-    assert pack.args == [{"buf": 0}, {"weight": "output_norm.weight"}, packed, {"i32": "rows"}, {"i32": 4096},
+    assert wire(pack.args) == [{"buf": 0}, {"weight": "output_norm.weight"}, packed, {"i32": "rows"}, {"i32": 4096},
                          {"f32": EPS}]
     assert logits.kernel.name == "lp_tail_logits_q6_k_c1" and logits.kernel.family == "tail_argmax"
     assert logits.kernel.block == 128 and logits.kernel.expects == ("dot4", "load128")
     assert "__launch_bounds__(128, 1) lp_tail_logits_q6_k_c1(" in logits.kernel.entry
     assert logits.grid == (blocks, ("rows", 1)) and logits.smem == 0
-    assert logits.args == [packed, {"weight": "output.weight", "layout": "planar"}, part, {"i32": "rows"},
+    assert wire(logits.args) == [packed, {"weight": "output.weight", "layout": "planar"}, part, {"i32": "rows"},
                            {"i32": 4096}, {"i32": 128256}, {"i32": tail.SLICE}]
     assert reduce.kernel.name == "lp_tail_argmax_reduce" and reduce.kernel.block == 256 and reduce.smem == 0
     assert reduce.grid == (("rows", 1),)
-    assert reduce.args == [part, {"buf": 1}, {"i32": blocks}]
+    assert wire(reduce.args) == [part, {"buf": 1}, {"i32": blocks}]
 
 
 def test_members_targets_and_formats():
     (_, logits, _) = tail_launch("Q8_0", 1000, 2048, 3)
     assert logits.kernel.name == "lp_tail_logits_q8_0_c3" and logits.grid == (-(-1000 // tail.SLICE), 1)
     (pack, logits, _) = tail_launch("F16", 262144, 640, "rows", target="gfx942")
-    assert pack.kernel.name == "lp_tail_pack_f16" and pack.args[2]["dtype"] == "f16"
+    assert pack.kernel.name == "lp_tail_pack_f16" and pack.args[2].dtype == "f16"
     assert logits.kernel.name == "lp_tail_logits_f16_c8" and logits.kernel.expects == ("load128",)
     assert logits.kernel.block == 256 and "__launch_bounds__(256) lp_tail_logits_f16_c8(" in logits.kernel.entry
 
 
 def test_errors():
-    with pytest.raises(matvec.MatvecError, match="packs q8_0"):
+    with pytest.raises(BuildError, match="packs q8_0"):
         tail_launch("Q6_K", 1000, 4096, 1, act="q8_0")
-    with pytest.raises(matvec.MatvecError, match="the kernels read"):
+    with pytest.raises(BuildError, match="the kernels read"):
         tail_launch("BF16", 1000, 4096, 1, act="bf16")
 
 
@@ -118,7 +119,7 @@ def run_tail(wave, fmt, head_planar, head, rows, rng, member="c3", x=None):
     x = rng.standard_normal((rows, k)).astype(np.float32) if x is None else x
     norm = rng.uniform(0.5, 1.5, k).astype(np.float32)
     launches = tail_launch(fmt, vocab, k, "rows", target=t.name, member=member)
-    blocks = launches[1].args[2]["shape"][1]
+    blocks = launches[1].args[2].shape[1]
     if act == "f16":
         packed = np.full((rows, k), np.nan, np.float16)
     else:

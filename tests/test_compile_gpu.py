@@ -18,6 +18,7 @@ from llmplan.core.console import human_bytes
 from llmplan.core.devices import OFFLINE_TARGETS
 from llmplan.core.errors import InputError
 from llmplan.core.op_traits import FAMILIES
+from llmplan.core.plan_records import to_wire
 from llmplan.core.planfile import read_body, read_header
 from llmplan.core.tune_store import TuneStore, Verdict, record
 from llmplan.models.info import describe
@@ -48,7 +49,7 @@ def compiled(kernel_cache, tmp_path_factory):
             out = tmp_path_factory.mktemp("plans") / f"{model.stem}.{target}.plan"
             compile_model(open_model(model), OFFLINE_TARGETS[target], out)
             header, offset = read_header(out)
-            plans[model, target] = out, header, read_body(out, offset)
+            plans[model, target] = out, to_wire(header), to_wire(read_body(out, offset))  # as the file holds them
         return plans[model, target]
 
     return get
@@ -185,8 +186,8 @@ def test_shape_filter_prunes_with_the_rule_and_limit(kernel_cache, tmp_path):
     small = dataclasses.replace(OFFLINE_TARGETS["sm_90"], smem_per_block_optin=38 * 1024)
     compile_model(open_model(TINY_BPE), small, tmp_path / "t.plan")
     header, offset = read_header(tmp_path / "t.plan")
-    gemm = [l for l in read_body(tmp_path / "t.plan", offset)["phases"]["prefill"]["launches"]
-            if l["op"].startswith("matmul") and l["pruned"]]
+    gemm = [l for l in to_wire(read_body(tmp_path / "t.plan", offset))["phases"]["prefill"]["launches"]
+            if l["op"].startswith("matmul") and l.get("pruned")]
     assert gemm
     for launch in gemm:
         assert not launch["member"].startswith("mma_128x128")
@@ -215,7 +216,7 @@ def test_a_plan_larger_than_the_device_is_refused(kernel_cache, tmp_path):
         compile_model(open_model(TINY_BPE), small, tmp_path / "big.plan", ctx=4096)
     compile_model(open_model(TINY_BPE), small, tmp_path / "fits.plan", ctx=512)
     header, offset = read_header(tmp_path / "fits.plan")
-    memory = read_body(tmp_path / "fits.plan", offset)["device_memory"]
+    memory = read_body(tmp_path / "fits.plan", offset).device_memory
     assert memory["total"] == memory["weights"] + memory["kv_cache"] + memory["arena"] <= 0.028 * 2**30
     assert memory["kv_cache"] == 2 * 2 * 32 * 16 * 256 * 2  # layers, K and V, blocks, positions, kv features, f16
 
@@ -281,7 +282,7 @@ def test_the_tune_store_decides_gpu_members(kernel_cache, tmp_path):
     device, model = OFFLINE_TARGETS["sm_90"], open_model(TINY_BPE)
     phases, _, _, table = lower_phases(model, device, limits_for(model, None, 256, 1))
     p = phases["prefill"]
-    ctx = Context(p["buffers"], table, TARGETS["sm_90"], p["dims"], device.multiprocessors)
+    ctx = Context(p.buffers, table, TARGETS["sm_90"], p.dims, device.multiprocessors)
     store = TuneStore(tmp_path / "store")
 
     def entry(launch, device_key=device.tune_key, build=None):
@@ -292,13 +293,13 @@ def test_the_tune_store_decides_gpu_members(kernel_cache, tmp_path):
         store.save(record(v, device_key, select.decision_key(launch, ctx), bid))
         return select.decision_key(launch, ctx), names[1]  # the family's second: not the heuristic's
 
-    seg, res = (next(l for l in p["launches"] if l["op"] == op) for op in ("matmul_segmented", "matmul_residual"))
+    seg, res = (next(l for l in p.launches if l.op == op) for op in ("matmul_segmented", "matmul_residual"))
     key, pick = entry(seg)
     entry(res, device_key=OFFLINE_TARGETS["sm_89"].tune_key)
     entry(res, build="0" * 16)
     compile_model(model, device, tmp_path / "t.plan", tune=store)
     header, offset = read_header(tmp_path / "t.plan")
-    launches = read_body(tmp_path / "t.plan", offset)["phases"]["prefill"]["launches"]
+    launches = to_wire(read_body(tmp_path / "t.plan", offset))["phases"]["prefill"]["launches"]
     measured = [l for l in launches if l.get("decision") == key]
     assert measured and pick == "mma_64x128"
     for launch in measured:

@@ -4,15 +4,15 @@ defaults, and hyperparameters that make no sense rejected with a message naming 
 import math
 
 import numpy as np
-
 import pytest
 from gguf import GGUFValueType as V
 
-from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
 from llmplan.models.config import config_from_gguf, config_to_metadata, gemma3_swa_layers
 from llmplan.models.errors import ConfigError
 from llmplan.models.gguf import GGUFFile, MetaValue
 from llmplan.models.model import expected_tensors, open_model
+
+from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
 from model_files import rewrite, u32
 
 

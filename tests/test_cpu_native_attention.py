@@ -18,8 +18,9 @@ from llmplan.codegen.cpu_families import attention as at
 from llmplan.core import numerics as num
 from llmplan.runtime import numpy_kernels as ck
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, packed_buffer, page_table, paged_cache
+from launch_records import lowered, wire
 
 OUT_FORMATS = ["f32", "q8_0", "q8_1", "q8_k", "f16", "bf16"]
 
@@ -27,7 +28,7 @@ OUT_FORMATS = ["f32", "q8_0", "q8_1", "q8_k", "f16", "bf16"]
 def catalog():
     groups = sorted({c[1] for c in CASES})
     return [*(at.attention_kernel(g) for g in groups), *(at.partial_kernel(g) for g in groups),
-            *(at.reduce_kernel(f, 256) for f in OUT_FORMATS)]
+            *(at.reduce_kernel(f) for f in OUT_FORMATS)]
 
 
 # (head_dim, group, kv_heads, chunk, ctx, window, seq, pos): each row's sequence and position
@@ -57,7 +58,7 @@ def setup(case, rng):
 ARGS = [{"buf": 0}, {"cache": 1}, {"state": "seq"}, {"state": "pages"}, {"state": "pos"}]
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}_g{c[1]}_c{c[3]}" for c in CASES])
 def test_partial_matches_the_twin(case, isa, rng):
@@ -65,7 +66,7 @@ def test_partial_matches_the_twin(case, isa, rng):
     rows, splits = dims["rows"], dims["splits"]
     ctx = context([{"dtype": "f32", "shape": ["rows", heads * d]},
                    {"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]}], {})
-    launches = at.launches({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}, ctx)
+    launches = at.launches(lowered({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}), ctx)
     part = np.full((rows, heads, splits, d + 2), np.nan, np.float32)
     run(library(catalog, isa), launches, {**arrays, "buf:1": part}, dims)
     want = np.zeros_like(part)
@@ -81,7 +82,7 @@ def test_partial_matches_the_twin(case, isa, rng):
     assert np.allclose(part[used][:, d], want[used][:, d], rtol=1e-5, atol=1e-5)  # the max scores
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("case", CASES, ids=[f"d{c[0]}_g{c[1]}_c{c[3]}" for c in CASES])
 def test_prefill_attention_matches_the_twin_and_decode(case, isa, rng):
@@ -92,7 +93,7 @@ def test_prefill_attention_matches_the_twin_and_decode(case, isa, rng):
     ctx = context([{"dtype": "f32", "shape": ["rows", heads * d]}, {"dtype": "f32", "shape": ["rows", heads * d]}], {})
     full = {k: v for k, v in attrs.items() if k != "chunk"}
     out = np.full((rows, heads * d), np.nan, np.float32)
-    run(lib, at.launches({"op": "attention", "attrs": full, "args": ARGS, "outs": [{"buf": 1}]}, ctx),
+    run(lib, at.launches(lowered({"op": "attention", "attrs": full, "args": ARGS, "outs": [{"buf": 1}]}), ctx),
         {**arrays, "buf:1": out}, dims)
     want = np.empty_like(out)
     ck.attention("attention", full, [want], arrays["buf:0"], arrays["cache"], arrays["state:seq"],
@@ -106,9 +107,9 @@ def test_prefill_attention_matches_the_twin_and_decode(case, isa, rng):
                    {"dtype": "f32", "shape": ["rows", heads * d]}], {})
     part = np.full((rows, heads, splits, d + 2), np.nan, np.float32)
     dec = np.full_like(out, np.nan)
-    launches = at.launches({"op": "attention_partial", "attrs": {**attrs, "chunk": num.SLICE}, "args": ARGS,
-                            "outs": [{"buf": 1}]}, ctx)
-    launches += at.launches({"op": "attention_reduce", "attrs": {}, "args": [{"buf": 1}], "outs": [{"buf": 2}]}, ctx)
+    launches = at.launches(lowered({"op": "attention_partial", "attrs": {**attrs, "chunk": num.SLICE}, "args": ARGS,
+                            "outs": [{"buf": 1}]}), ctx)
+    launches += at.launches(lowered({"op": "attention_reduce", "attrs": {}, "args": [{"buf": 1}], "outs": [{"buf": 2}]}), ctx)
     run(lib, launches, {**arrays, "buf:1": part, "buf:2": dec}, {**dims, "splits": splits})
     assert np.array_equal(dec, out)
 
@@ -125,7 +126,7 @@ def _partials(rng, rows, heads, d, splits):
     return part
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", OUT_FORMATS)
 def test_reduce_matches_the_twin(fmt, isa, rng):
@@ -135,7 +136,7 @@ def test_reduce_matches_the_twin(fmt, isa, rng):
     attrs = {"format": fmt} if fmt != "f32" else {}
     ctx = context([{"dtype": "f32", "shape": ["rows", heads, "splits", d + 2]},
                    {"dtype": fmt, "shape": ["rows", heads * d]}], {})
-    launches = at.launches({"op": op, "args": [{"buf": 0}], "outs": [{"buf": 1}], "attrs": attrs}, ctx)
+    launches = at.launches(lowered({"op": op, "args": [{"buf": 0}], "outs": [{"buf": 1}], "attrs": attrs}), ctx)
     dims = {"rows": rows, "splits": splits}
     if fmt in ("f32", "f16", "bf16"):
         dtype = {"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[fmt]
@@ -162,7 +163,9 @@ def test_reduce_matches_the_twin(fmt, isa, rng):
 def test_launch_records():
     ctx = context([{"dtype": "f32", "shape": [1, 1024]}, {"dtype": "f32", "shape": [1, 4, "splits", 258]}], {})
     attrs = {"chunk": 256, "heads": 4, "kv_heads": 1, "layer": 6, "scale": 0.0625, "window": 512}
-    (ln,) = at.launches({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}, ctx)
+    (ln,) = at.launches(lowered({"op": "attention_partial", "attrs": attrs, "args": ARGS, "outs": [{"buf": 1}]}), ctx)
     assert ln.kernel.name == "lp_cpu_attention_partial_g4" and ln.grid == (1,)
-    assert ln.args[5:] == [{"buf": 1}, {"i32": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 4},
-                           {"i32": 1}, {"i32": 256}, {"i32": "splits"}, {"i32": 512}, {"i32": 256}, {"f32": 0.0625}]
+    # the contract's arguments (operands.attention_params), then rows, heads, d, chunk
+    assert wire(ln.args)[5:] == [{"buf": 1}, {"i32": 6}, {"i32": "pages"}, {"i32": "blocks"}, {"i32": 1},
+                                 {"i32": "splits"}, {"i32": 512}, {"f32": 0.0625}, {"i32": 1}, {"i32": 4}, {"i32": 256},
+                                 {"i32": 256}]

@@ -16,34 +16,37 @@ import time
 import numpy as np
 import pytest
 
+from llmplan.codegen import operands
 from llmplan.codegen.cpu_families import elementwise as ew
 from llmplan.codegen.cpu_families import embed, glu, norm, rope_kv
 from llmplan.codegen.families.rope_kv import rope_f32
 from llmplan.core import numerics as num
+from llmplan.core.formats import ACTIVATIONS
 from llmplan.core.numerics import rope_table
 from llmplan.runtime import numpy_kernels as ck
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, packed_buffer, page_table
+from launch_records import lowered, wire
 
-OUT_FORMATS = list(norm.FORMATS)
+OUT_FORMATS = list(ACTIVATIONS)
 PLAIN = {"f16": np.float16, "bf16": np.uint16, "f32": np.float32}
 
 
 def catalog():
     ks = [embed.kernel(f) for f in embed.FORMATS]
-    ks += [glu.kernel(a, f, 256) for a in glu.ACTS for f in OUT_FORMATS]
-    ks += [ew.kernel(op) for op in ew.OPS] + [ew.take_rows_kernel()]
+    ks += [glu.kernel(a, f) for a in operands.GLU_ACTS for f in OUT_FORMATS]
+    ks += [ew.kernel(op) for op in operands.EW_OPS] + [ew.take_rows_kernel()]
     ks += [rope_kv.kernel(m, n) for m in ("norm", "neox") for n in (False, True)]
     ctx = context([{"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": [256]},
                    {"dtype": "f32", "shape": ["rows", 256]}], {})
-    ks += [norm.launches({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
-                          "outs": [{"buf": 2}]}, ctx)[0].kernel]
+    ks += [norm.launches(lowered({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
+                          "outs": [{"buf": 2}]}), ctx)[0].kernel]
     for f in OUT_FORMATS:
         for op, args in (("rmsnorm_pack", [{"buf": 0}, {"buf": 1}]), ("pack", [{"buf": 0}])):
             ctx = context([{"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": [256]},
                            {"dtype": f, "shape": ["rows", 256]}], {})
-            ks += [norm.launches({"op": op, "attrs": {"eps": 1e-5, "format": f}, "args": args, "outs": [{"buf": 2}]},
+            ks += [norm.launches(lowered({"op": op, "attrs": {"eps": 1e-5, "format": f}, "args": args, "outs": [{"buf": 2}]}),
                                  ctx)[0].kernel]
     return ks
 
@@ -86,7 +89,7 @@ def assert_packed_equal(got, want, fmt):
     assert nmse(ck.values(got), ck.values(want)) < 1e-7
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", OUT_FORMATS)
 @pytest.mark.parametrize("op", ["rmsnorm_pack", "pack"])
@@ -98,14 +101,14 @@ def test_norm_and_pack_match_the_twin(op, fmt, isa, rng):
     bufs = [{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "f32", "shape": [k]}, {"dtype": fmt, "shape": ["rows", k]}]
     attrs = {"eps": 1e-6, "format": fmt}
     args = [{"buf": 0}, {"buf": 1}] if op == "rmsnorm_pack" else [{"buf": 0}]
-    launches = norm.launches({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}, context(bufs, {}))
+    launches = norm.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}), context(bufs, {}))
     got = run_packed(isa, launches, {"buf:0": x, "buf:1": w}, "buf:2", fmt, rows, k, {"rows": rows})
     want = out_buffer(fmt, rows, k, False)[1]
     ck.norm(op, attrs, [want], x, *([w] if op == "rmsnorm_pack" else []))
     assert_packed_equal(got, want, fmt)
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("group", [384, 64])
 def test_rmsnorm_matches_the_twin(group, isa, rng):
@@ -115,8 +118,8 @@ def test_rmsnorm_matches_the_twin(group, isa, rng):
     x[2, 5] = np.nan  # NaN / Inf as the twin: a NaN makes its group NaN, an Inf its own value
     x[3, 7] = np.inf
     bufs = [{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "f32", "shape": [group]}, {"dtype": "f32", "shape": ["rows", k]}]
-    launches = norm.launches({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
-                              "outs": [{"buf": 2}]}, context(bufs, {}))
+    launches = norm.launches(lowered({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
+                              "outs": [{"buf": 2}]}), context(bufs, {}))
     out = np.full_like(x, np.nan)
     run(library(catalog, isa), launches, {"buf:0": x, "buf:1": w, "buf:2": out}, {"rows": rows})
     want = np.empty_like(x)
@@ -127,25 +130,25 @@ def test_rmsnorm_matches_the_twin(group, isa, rng):
     assert nmse(out[fin], want[fin]) < 1e-13
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", embed.FORMATS)
 def test_embed_is_bit_exact(fmt, isa, rng):
     vocab, k = 11, 512
     raw, dense = weight(rng, fmt, vocab, k)
     tokens = np.array([3, 10, 0, 3, 11, -1], np.int32)  # repeats; two outside the table
-    launch = {"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}], "outs": [{"buf": 0}]}
+    launch = lowered({"op": "embed", "attrs": {}, "args": [{"weight": "t"}, {"state": "tokens"}], "outs": [{"buf": 0}]})
     (ln,) = embed.launches(launch, context([{"dtype": "f32", "shape": ["rows", k]}], {"t": (fmt, (vocab, k))}))
-    assert ln.args[0] == {"weight": "t", "layout": "blocks"}
+    assert wire(ln.args)[0] == {"weight": "t", "layout": "blocks"}
     out = np.zeros((len(tokens), k), np.float32)
     run(library(catalog, isa), [ln], {"weight:t": raw, "state:tokens": tokens, "buf:0": out}, {"rows": len(tokens)})
     assert np.array_equal(out[:4], dense[tokens[:4]])
     assert np.isnan(out[4:]).all()
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("act", list(glu.ACTS))
+@pytest.mark.parametrize("act", list(operands.GLU_ACTS))
 @pytest.mark.parametrize("fmt", ["q8_0", "q8_1", "q8_k", "f16", "bf16"])
 def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
     rows, k = 3, 768
@@ -153,7 +156,7 @@ def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
     up = rng.standard_normal((rows, k)).astype(np.float32)
     bufs = [{"dtype": "f32", "shape": ["rows", k]}] * 2 + [{"dtype": fmt, "shape": ["rows", k]}]
     attrs = {"act": act, "format": fmt}
-    launches = glu.launches({"op": "glu_pack", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]},
+    launches = glu.launches(lowered({"op": "glu_pack", "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]}),
                             context(bufs, {}))
     got = run_packed(isa, launches, {"buf:0": gate, "buf:1": up}, "buf:2", fmt, rows, k, {"rows": rows})
     want = out_buffer(fmt, rows, k, False)[1]
@@ -171,23 +174,23 @@ def test_glu_pack_matches_the_twin(act, fmt, isa, rng):
     assert np.mean(off & (np.abs(w) >= 1e-9)) < 0.01 and nmse(g, w) < 1e-7
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("op", list(ew.OPS))
+@pytest.mark.parametrize("op", list(operands.EW_OPS))
 def test_elementwise_matches_the_twin(op, isa, rng):
     rows, k = 3, 1000
     x = (rng.standard_normal((rows, k)) * 4).astype(np.float32)
     x[0, :10] = [0.0, -0.0, 1e-30, -1e-30, 88.0, -90.0, 500.0, -500.0, np.nan, np.inf]
     y = rng.standard_normal((rows, k)).astype(np.float32)
     attrs = {"scale": {"factor": 25.298221281347036}, "softcap": {"cap": 30.0}}.get(op, {})
-    args = [{"buf": 0}, {"buf": 1}] if op in ew.BINARY else [{"buf": 0}]
-    launches = ew.launches({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]},
+    args = [{"buf": 0}, {"buf": 1}] if op in operands.EW_BINARY else [{"buf": 0}]
+    launches = ew.launches(lowered({"op": op, "attrs": attrs, "args": args, "outs": [{"buf": 2}]}),
                            context([{"dtype": "f32", "shape": ["rows", k]}] * 3, {}))
     out = np.full_like(x, np.nan)
     run(library(catalog, isa), launches, {"buf:0": x, "buf:1": y, "buf:2": out}, {"rows": rows})
     want = np.empty_like(x)
     with np.errstate(all="ignore"):
-        ck.elementwise(op, attrs, [want], x, *([y] if op in ew.BINARY else []))
+        ck.elementwise(op, attrs, [want], x, *([y] if op in operands.EW_BINARY else []))
     assert np.array_equal(np.isnan(out), np.isnan(want)) and np.array_equal(np.isinf(out), np.isinf(want))
     fin = np.isfinite(want)
     if op in ("add", "mul", "scale"):
@@ -204,7 +207,7 @@ def test_elementwise_matches_the_twin(op, isa, rng):
     assert nmse(out[fin], want[fin]) < 1e-13
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("dtype,k", [("f32", 640), ("f16", 5), ("i32", 3)])
 def test_take_rows_matches_the_twin(dtype, k, isa, rng):
@@ -212,8 +215,8 @@ def test_take_rows_matches_the_twin(dtype, k, isa, rng):
     x = (rng.standard_normal((9, k)) * 100).astype(np_dtype)
     last = np.array([8, 0, 3, 3], np.int32)
     bufs = [{"dtype": dtype, "shape": ["rows", k]}, {"dtype": dtype, "shape": ["seqs", k]}]
-    launches = ew.launches({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
-                            "outs": [{"buf": 1}]}, context(bufs, {}))
+    launches = ew.launches(lowered({"op": "take_rows", "attrs": {}, "args": [{"buf": 0}, {"state": "last"}],
+                            "outs": [{"buf": 1}]}), context(bufs, {}))
     out = np.zeros((len(last), k), np_dtype)
     run(library(catalog, isa), launches, {"buf:0": x, "state:last": last, "buf:1": out}, {"rows": 9, "seqs": 4})
     want = np.empty_like(out)
@@ -226,7 +229,7 @@ def llama31_factors(dims: int) -> np.ndarray:
     return np.linspace(1.0, 8.0, dims // 2).astype(np.float32)
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("op,mode,d,dims,heads,kvh", [("rope_kv", "norm", 128, 128, 4, 2),
                                                       ("rope_kv", "neox", 96, 64, 2, 1),
@@ -247,8 +250,8 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
         attrs["eps"] = 1e-6
         extra = [{"weight": "qn"}, {"weight": "kn"}]
     bufs = [{"dtype": "f32", "shape": ["rows", w]} for w in (heads * d, kvh * d, kvh * d, heads * d)]
-    launch = {"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
-              {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]}
+    launch = lowered({"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
+              {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]})
     launches = rope_kv.launches(launch, context(bufs, {"qn": ("F32", (d,)), "kn": ("F32", (d,)),
                                                        "f": ("F32", (dims // 2,))}))
     twin_extra = [weights[e["weight"]] for e in extra]
@@ -275,13 +278,13 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
     assert np.mean(kg == kw) > 0.99
 
 
-@needs_compiler
+@each_compiler
 def test_the_pool_runs_every_task_once_launch_after_launch(rng):
     """Hundreds of launches of many sizes back to back (the pool's tickets, late workers, sleeping and
     waking): every output is written by its own task, exactly once, every time."""
     lib = library(catalog, ISAS[-1])
     lib.set_threads(3)  # more threads than this machine may have free: workers are descheduled now and then
-    (ln,) = ew.launches({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]},
+    (ln,) = ew.launches(lowered({"op": "add", "attrs": {}, "args": [{"buf": 0}, {"buf": 1}], "outs": [{"buf": 2}]}),
                         context([{"dtype": "f32", "shape": ["rows", 4096]}] * 3, {}))
     x = rng.standard_normal((64, 4096)).astype(np.float32)
     y = rng.standard_normal((64, 4096)).astype(np.float32)

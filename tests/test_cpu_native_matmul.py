@@ -16,14 +16,16 @@ import subprocess
 import numpy as np
 import pytest
 
+from llmplan.codegen.build import BuildError
 from llmplan.codegen import cpu_build, toolchain
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, dequantize
 from llmplan.runtime.numpy_kernels import matmul as twin_matmul
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
 from kernel_inputs import nmse, random_activation
+from launch_records import lowered, wire
 
 TIGHT = 1e-9
 SEGMENTS = [["Q4_K", "Q4_K", "Q6_K"], ["Q5_0", "Q5_0", "Q8_0"], ["Q5_K", "Q3_K", "Q2_K"], ["Q4_1", "Q5_1"],
@@ -82,7 +84,7 @@ def project(isa, op, formats, rows, ns, rng, member=None, residual=False, inplac
             ys[0][:rows] = r
         arrays[f"buf:{len(bufs) - 1}"] = ys[0] if inplace else r
     ctx = context(bufs, {w: (f, (n, k)) for w, f, n in zip(names, formats, ns)})
-    launch = {"op": op, "attrs": {}, "args": args, "outs": [{"buf": 1 + i} for i in range(len(ns))], "member": member}
+    launch = lowered({"op": op, "attrs": {}, "args": args, "outs": [{"buf": 1 + i} for i in range(len(ns))], "member": member})
     run(lib, matmul.launches(launch, ctx), arrays, {"rows": rows}, ctx.weights)
     want = [np.empty((rows, n), np.float32) for n in ns]
     dense = [d for _, d in ws]
@@ -101,12 +103,12 @@ def project(isa, op, formats, rows, ns, rng, member=None, residual=False, inplac
 def test_launch_record():
     ctx = context([{"dtype": "q8_k", "shape": ["rows", 2048]}, {"dtype": "f32", "shape": ["rows", 640]},
                    {"dtype": "f32", "shape": ["rows", 640]}], {"blk.0.ffn_down.weight": ("Q6_K", (640, 2048))})
-    launch = {"op": "matmul_residual", "attrs": {}, "member": "t32",
-              "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}, {"buf": 1}], "outs": [{"buf": 2}]}
+    launch = lowered({"op": "matmul_residual", "attrs": {}, "member": "t32",
+              "args": [{"buf": 0}, {"weight": "blk.0.ffn_down.weight"}, {"buf": 1}], "outs": [{"buf": 2}]})
     (ln,) = matmul.launches(launch, ctx)
     assert ln.kernel.name == "lp_cpu_matmul_q6_k_r16_seg1_res1" and ln.kernel.source == "matmul.h"
     assert ln.grid == (1,)
-    assert ln.args == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "rows16"}, {"buf": 1}, {"buf": 2},
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "blk.0.ffn_down.weight", "layout": "rows16"}, {"buf": 1}, {"buf": 2},
                        {"i32": "rows"}, {"i32": 2048}, {"i32": 640}, {"i32": 32}, {"i32": matmul.DEFAULT_AHEAD},
                        {"i32": matmul.DEFAULT_COLS}]
     assert ln.kernel.entry.startswith("LP_KERNEL void lp_cpu_matmul_q6_k_r16_seg1_res1(const void* x, const void* w0, "
@@ -118,12 +120,12 @@ def test_names_and_members():
     assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_r16_seg3_res0"
     assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
     default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD, matmul.DEFAULT_COLS)
-    assert matmul.schedule({"member": "t64"}) == (64, matmul.DEFAULT_AHEAD, 0) and matmul.schedule({}) == default
-    assert matmul.schedule({"member": "t8a0"}) == (8, 0, 0) and matmul.schedule({"member": "t8a3"}) == default
-    assert matmul.schedule({"member": "t16c6"}) == (16, matmul.DEFAULT_AHEAD, 6)
-    assert matmul.schedule({"member": "t16a1c2"}) == (16, 1, 2) and matmul.schedule({"member": "t16c5"}) == default
+    assert matmul.schedule("t64") == (64, matmul.DEFAULT_AHEAD, 0) and matmul.schedule("") == default
+    assert matmul.schedule("t8a0") == (8, 0, 0) and matmul.schedule("t8a3") == default
+    assert matmul.schedule("t16c6") == (16, matmul.DEFAULT_AHEAD, 6)
+    assert matmul.schedule("t16a1c2") == (16, 1, 2) and matmul.schedule("t16c5") == default
     assert matmul.candidates({}, None)[0] == f"t{matmul.DEFAULT_TASK_ROWS}"
-    assert all(matmul.member(*matmul.schedule({"member": m})) == m for m in matmul.MEMBERS)
+    assert all(matmul.member(*matmul.schedule(m)) == m for m in matmul.MEMBERS)
 
 
 @pytest.mark.parametrize("weights, fmt, message", [
@@ -134,18 +136,21 @@ def test_names_and_members():
 def test_errors(weights, fmt, message):
     k = weights["w"][1][1]
     ctx = context([{"dtype": fmt, "shape": ["rows", k]}, {"dtype": "f32", "shape": ["rows", 64]}], weights)
-    with pytest.raises(matmul.CpuMatmulError, match=message):
-        matmul.launches({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}, ctx)
+    with pytest.raises(BuildError, match=message):
+        matmul.launches(lowered({"op": "matmul", "attrs": {}, "args": [{"buf": 0}, {"weight": "w"}], "outs": [{"buf": 1}]}), ctx)
 
 
 def test_segments_must_share_the_activation_format():
-    with pytest.raises(matmul.CpuMatmulError, match="different activations"):
-        matmul.kernel(["Q4_K", "Q8_0"], False)
+    ctx = context([{"dtype": "q8_k", "shape": ["rows", 256]}] + [{"dtype": "f32", "shape": ["rows", 64]}] * 2,
+                  {"a": ("Q4_K", (64, 256)), "b": ("Q8_0", (64, 256))})
+    with pytest.raises(BuildError, match="different activations"):
+        matmul.launches(lowered({"op": "matmul_segmented", "attrs": {}, "args": [{"buf": 0}, {"weight": "a"}, {"weight": "b"}],
+                                 "outs": [{"buf": 1}, {"buf": 2}]}), ctx)
 
 
 # --- numbers ---------------------------------------------------------------------------------------------
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", matmul.FORMATS)
 def test_matmul_matches_the_twin(fmt, isa, rng):
@@ -153,7 +158,7 @@ def test_matmul_matches_the_twin(fmt, isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", matmul.FORMATS)
 def test_matmul_residual_matches_the_twin(fmt, isa, rng):
@@ -161,7 +166,7 @@ def test_matmul_residual_matches_the_twin(fmt, isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_matmul_residual_in_place(isa, rng):
     """The residual may be the output buffer itself: each element is read before it is written."""
@@ -169,7 +174,7 @@ def test_matmul_residual_in_place(isa, rng):
     assert nmse(got[0], want[0]) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("formats", SEGMENTS, ids="/".join)
 def test_matmul_segmented_matches_the_twin(formats, isa, rng):
@@ -178,7 +183,7 @@ def test_matmul_segmented_matches_the_twin(formats, isa, rng):
         assert nmse(g, w) < TIGHT
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q5_0", "Q8_0", "Q4_1", "F16"])
 def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
@@ -206,7 +211,7 @@ def test_a_row_alone_gets_the_same_bits(fmt, isa, rng):
         assert np.array_equal(alone[0][0], got[0][r]), f"row {r} differs alone"
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     """A NaN weight scale makes that weight row's outputs NaN for every activation row; an infinite f32
@@ -224,7 +229,7 @@ def test_nan_and_inf_propagate_as_in_the_twin(isa, rng):
     assert np.array_equal(np.isfinite(got[0]), np.isfinite(want[0]))
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
     """Weights in rows16 records: exact integers per super-block, then the same float steps per row, so
@@ -236,7 +241,7 @@ def test_rows16_gives_the_same_bits_on_every_path(fmt, rng):
         assert np.array_equal(got[0], first[0]), isa
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     """The records the runtime's cpu driver makes at load (matmul.relayout) are core/layouts.py's, byte for
@@ -253,7 +258,7 @@ def test_the_kernels_make_the_records_numpy_makes(fmt, rng):
     assert len(done) == 2 and matmul.make_held(lib, "blocks", raw, fmt, (rows, k)) is None
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", sorted(matmul.RELAYOUT))
 def test_the_in_place_kernels_of_relaid_out_formats_match_the_twin(fmt, isa, rng):

@@ -17,7 +17,7 @@ import threading
 import numpy as np
 import pytest
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.core import layouts
 from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
@@ -27,8 +27,8 @@ from llmplan.plans.compile import compile_model
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
 
-from conftest import TINY_BPE, TINY_SPM, llama_cpp_bound
-from cpu_native import ISAS, needs_compiler
+from conftest import TINY_BPE, TINY_SPM, hide_cxx, llama_cpp_bound
+from cpu_native import COMPILERS, ISAS, cxx, each_compiler, needs_compiler, use_compiler  # noqa: F401 (cxx: a fixture)
 from kernel_inputs import nmse
 
 PROMPT = "Once upon a time, in a land far away, there lived"
@@ -37,13 +37,18 @@ CTX = 256
 NEAR_TIE = 1e-3  # a top-2 logit gap under this may flip between two correct roundings
 
 
-@functools.cache
 def _engine(tmp, model, isa: str | None, chunk: int = CTX) -> Engine:
-    """The model's plan on SIMD path `isa` (None: the NumPy twins, as compiled without a compiler)."""
-    out = f"{tmp}/{model.stem}.{isa}.{chunk}.plan"
+    """The model's plan on SIMD path `isa`, built by the compiler in use ($CXX) (None: the NumPy twins, as
+    compiled without a compiler)."""
+    return _built(tmp, model, isa, chunk, isa and cpu_build.compiler())
+
+
+@functools.cache
+def _built(tmp, model, isa: str | None, chunk: int, compiler) -> Engine:
+    out = f"{tmp}/{model.stem}.{isa}.{chunk}.{compiler.name if compiler else 'numpy'}.plan"
     if isa is None:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(toolchain, "find", lambda tool, extra_dirs=(): None)
+            hide_cxx(mp)
             compile_model(open_model(model), local_cpu(), out, CTX, chunk)
     else:
         compile_model(open_model(model), local_cpu(), out, CTX, chunk, isa=isa)
@@ -53,7 +58,7 @@ def _engine(tmp, model, isa: str | None, chunk: int = CTX) -> Engine:
 def _greedy(engine: Engine, ids: list[int], n: int, head: str = "logits") -> tuple[list[int], list[np.ndarray]]:
     """Greedy tokens after the prompt (prefilled in the plan's chunks), and the `head` row of each step,
     through the executor."""
-    chunk = engine.header["limits"]["chunk"]
+    chunk = engine.header.limits.chunk
     pages = np.arange(pages_for(CTX), dtype=np.int32)[None, :]
     for at in range(0, len(ids), chunk):
         part = ids[at:at + chunk]
@@ -72,13 +77,13 @@ def _greedy(engine: Engine, ids: list[int], n: int, head: str = "logits") -> tup
     return out, rows
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("model", [TINY_BPE, TINY_SPM], ids=["tiny-llama3-bpe", "tiny-llama-spm"])
 def test_greedy_tokens_and_logits_match_the_numpy_backend(model, isa, tmp_path_factory):
     tmp = tmp_path_factory.getbasetemp()
     numpy_engine, native = _engine(tmp, model, None), _engine(tmp, model, isa)
-    assert native.body["cpu"]["isa"] == native.executor.driver.lib.isa == isa
+    assert native.body.cpu.isa == native.executor.driver.lib.isa == isa
     ids = native.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
     want_ids, want_rows = _greedy(numpy_engine, ids, STEPS)
     got_ids, got_rows = _greedy(native, ids, STEPS)
@@ -93,7 +98,24 @@ def test_greedy_tokens_and_logits_match_the_numpy_backend(model, isa, tmp_path_f
     assert fused == got_ids
 
 
-@needs_compiler
+@pytest.mark.parametrize("isa", ISAS)
+def test_clang_and_gcc_give_the_same_bits(isa, tmp_path_factory, monkeypatch):
+    """Every kernel computes in the order its code fixes (exact integer dot products, each float operation
+    rounded once, nothing contracted into an FMA the code does not ask for), so a plan's library gives
+    the same logits bit for bit whichever compiler built it."""
+    tmp = tmp_path_factory.getbasetemp()
+    runs = {}
+    for name in COMPILERS:
+        compiler = use_compiler(monkeypatch, name)
+        engine = _engine(tmp, TINY_BPE, isa)
+        assert engine.executor.driver.lib.library.compiler == compiler
+        ids = engine.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+        runs[name] = _greedy(engine, ids, 4)
+    (a_ids, a_rows), (b_ids, b_rows) = runs.values()
+    assert a_ids == b_ids and all(np.array_equal(a, b) for a, b in zip(a_rows, b_rows))
+
+
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 def test_chunking_never_changes_a_bit(isa, tmp_path_factory):
     tmp = tmp_path_factory.getbasetemp()
@@ -105,7 +127,7 @@ def test_chunking_never_changes_a_bit(isa, tmp_path_factory):
             assert np.array_equal(a, b), f"chunks of {chunk} changed the logits"
 
 
-@needs_compiler
+@each_compiler
 def test_the_library_is_built_once_and_threads_reach_its_pool(tmp_path_factory):
     engine = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1])
     again = Engine.load(engine.plan_path, threads=1)
@@ -116,7 +138,7 @@ def test_the_library_is_built_once_and_threads_reach_its_pool(tmp_path_factory):
         Engine.load(engine.plan_path, threads=0)
 
 
-@needs_compiler
+@each_compiler
 def test_the_driver_makes_the_relaid_out_weights_with_the_plans_code(tmp_path_factory, monkeypatch):
     """Each rows16 weight is made at load by the plan's library (matmul.relayout), never by the NumPy
     maker, and holds what the NumPy maker makes."""
@@ -129,13 +151,13 @@ def test_the_driver_makes_the_relaid_out_weights_with_the_plans_code(tmp_path_fa
     held = {name for name, layout in ex.weights if layout == "rows16"}
     assert held and "rows16" not in made
     for name in held:
-        w = ex.body["weights"][name]
+        w = ex.body.weights[name]
         data = ex.weights[(name, "rows16")]
-        want = numpy_make("rows16", ex.model.tensor_bytes(name), w["format"], tuple(w["shape"]))
+        want = numpy_make("rows16", ex.model.tensor_bytes(name), w.format, tuple(w.shape))
         assert np.array_equal(data.buffer[data.offset:data.offset + data.nbytes], want), name
 
 
-@needs_compiler
+@each_compiler
 def test_a_replayed_decode_step_is_one_native_call_and_changes_no_bit(tmp_path_factory):
     """The cpu driver records a decode step's compiled kernels as one native call (codegen/cpu/graph.h):
     replayed steps give the direct launches' logits bit for bit."""
@@ -148,7 +170,7 @@ def test_a_replayed_decode_step_is_one_native_call_and_changes_no_bit(tmp_path_f
     assert sum(b.steps for b in buckets) >= 3 and all(len(b.graph.steps) == 1 for b in buckets)
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.skipif(len(ISAS) < 2, reason="this machine runs the scalar path only")
 def test_a_plan_for_a_simd_path_this_machine_lacks_asks_to_be_recompiled(tmp_path_factory, monkeypatch):
     engine = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1])
@@ -157,7 +179,7 @@ def test_a_plan_for_a_simd_path_this_machine_lacks_asks_to_be_recompiled(tmp_pat
         Engine.load(engine.plan_path)
 
 
-@needs_compiler
+@each_compiler
 def test_engines_in_two_threads_share_the_pool_safely(tmp_path_factory):
     """Two engines on one library (one pool per process), decoding at once from two Python threads, one of
     them resizing the pool as it loads: each gets the tokens it gets alone."""

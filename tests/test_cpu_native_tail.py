@@ -17,7 +17,8 @@ from llmplan.core import numerics as num
 from llmplan.core.formats import ACTIVATION_FORMAT
 from llmplan.runtime import numpy_kernels as ck
 
-from cpu_native import ISAS, context, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from cpu_native import ISAS, context, cxx, each_compiler, library, needs_compiler, rng, run, weight  # noqa: F401 (rng: a fixture)
+from launch_records import lowered, wire
 
 HEADS = ["Q8_0", "Q6_K", "Q4_K", "Q5_0", "F16"]
 
@@ -26,7 +27,7 @@ def catalog():
     return [tail.kernel(f, 512) for f in HEADS]
 
 
-@needs_compiler
+@each_compiler
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("fmt", HEADS)
 def test_tail_argmax_matches_the_twin(fmt, isa, rng):
@@ -37,8 +38,8 @@ def test_tail_argmax_matches_the_twin(fmt, isa, rng):
     attrs = {"eps": 1e-6, "format": ACTIVATION_FORMAT[fmt.lower()]}
     ctx = context([{"dtype": "f32", "shape": ["rows", k]}, {"dtype": "i32", "shape": ["rows"]}],
                   {"norm": ("F32", (k,)), "head": (fmt, (vocab, k))})
-    launches = tail.launches({"op": "tail_argmax", "attrs": attrs, "args": [{"buf": 0}, {"weight": "norm"},
-                              {"weight": "head"}], "outs": [{"buf": 1}]}, ctx)
+    launches = tail.launches(lowered({"op": "tail_argmax", "attrs": attrs, "args": [{"buf": 0}, {"weight": "norm"},
+                              {"weight": "head"}], "outs": [{"buf": 1}]}), ctx)
     out = np.full(rows, -1, np.int32)
     run(library(catalog, isa), launches, {"buf:0": x, "weight:norm": norm, "weight:head": raw, "buf:1": out},
         {"rows": rows}, ctx.weights)
@@ -60,14 +61,14 @@ def test_tail_argmax_matches_the_twin(fmt, isa, rng):
 def test_launch_record():
     ctx = context([{"dtype": "f32", "shape": ["seqs", 640]}, {"dtype": "i32", "shape": ["seqs"]}],
                   {"output_norm.weight": ("F32", (640,)), "token_embd.weight": ("Q8_0", (262144, 640))})
-    (ln,) = tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_0"}, "member": "t64a1",
+    (ln,) = tail.launches(lowered({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_0"}, "member": "t64a1",
                            "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight"}],
-                           "outs": [{"buf": 1}]}, ctx)
+                           "outs": [{"buf": 1}]}), ctx)
     assert ln.kernel.name == "lp_cpu_tail_argmax_q8_0"
-    assert ln.args == [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight", "layout": "blocks"},
+    assert wire(ln.args) == [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight", "layout": "blocks"},
                        {"buf": 1}, {"i32": "seqs"}, {"i32": 640}, {"i32": 262144}, {"f32": 1e-6}, {"i32": 64}, {"i32": 1},
                        {"i32": 0}]
     with pytest.raises(ValueError, match="takes q8_0 activations"):
-        tail.launches({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_k"},
+        tail.launches(lowered({"op": "tail_argmax", "attrs": {"eps": 1e-6, "format": "q8_k"},
                        "args": [{"buf": 0}, {"weight": "output_norm.weight"}, {"weight": "token_embd.weight"}],
-                       "outs": [{"buf": 1}]}, ctx)
+                       "outs": [{"buf": 1}]}), ctx)

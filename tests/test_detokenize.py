@@ -7,9 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import REFERENCE, TINY_BPE, TINY_SPM, VOCAB_BPE, VOCAB_SPM
 from llmplan.models.errors import TokenizerError
 from llmplan.models.tokenizer import load_tokenizer
+
+from conftest import REFERENCE, TINY_BPE, TINY_SPM, VOCAB_BPE, VOCAB_SPM
 from tokenizer_refs import model_path
 
 ALL = ["tiny-llama-spm-Q4_K_M", "tiny-llama3-bpe-Q4_K_M", "gemma3-270m", "vocab-llama-bpe", "vocab-llama-spm"]

@@ -10,13 +10,15 @@ import math
 import numpy as np
 import pytest
 
+from llmplan.core.formats import ACTIVATION_FORMATS, planes
+from llmplan.core.plan_records import Buf, Cache
+from llmplan.runtime.drivers.host import typed
+from llmplan.runtime.engine import Engine
+from llmplan.runtime.requests import Request
+
 from codegen_checks import needs_emulator
 from conftest import TINY_BPE, cpu_and_gpu_plans
 from kernel_inputs import nmse
-from llmplan.core.formats import ACTIVATION_FORMATS, planes
-from llmplan.runtime.engine import Engine
-from llmplan.runtime.requests import Request
-from llmplan.runtime.drivers.host import typed
 
 pytestmark = needs_emulator
 
@@ -127,19 +129,19 @@ def test_each_gpu_launch_matches_its_cpu_twin(plans, phase):
     ce, ge = cpu.executor, gpu.executor
     dims = ce.step_dims(phase, n, 1)
     worst: dict[str, float] = {}
-    for i, (cl, gl) in enumerate(zip(ce.phases[phase]["launches"], ge.phases[phase]["launches"])):
-        assert (cl["op"], cl["args"], cl["outs"]) == (gl["op"], gl["args"], gl["outs"])
-        for ref in cl["args"] + cl["outs"]:
-            if "buf" in ref or "cache" in ref:
+    for i, (cl, gl) in enumerate(zip(ce.phases[phase].launches, ge.phases[phase].launches)):
+        assert (cl.op, cl.args, cl.outs) == (gl.op, gl.args, gl.outs)
+        for ref in cl.args + cl.outs:
+            if isinstance(ref, (Buf, Cache)):
                 src = ce.region(phase, ref, dims)
                 ge.driver.write(ge.region(phase, ref, dims), ce.driver.read(src).result())
         ce.run_launch(phase, i, state)
         ge.run_launch(phase, i, state)
-        for ref in cl["outs"]:
-            if "cache" in ref:
+        for ref in cl.outs:
+            if isinstance(ref, Cache):
                 kv = ce.cache.shape[-1]
                 cells = [(b, p % 16) for p in range(40 - n, 40) for b in [int(pages[0, p // 16])]]
-                layer = cl["attrs"]["layer"]
+                layer = cl.attrs["layer"]
                 c, g = (typed(e.cache)[layer][:, [b for b, _ in cells], [o for _, o in cells]] for e in (ce, ge))
                 assert c.shape[-1] == kv
                 got, want = g.astype(np.float64), c.astype(np.float64)
@@ -147,15 +149,15 @@ def test_each_gpu_launch_matches_its_cpu_twin(plans, phase):
                 r = ce.region(phase, ref, dims)
                 want = _values(r, ce.driver.read(r).result())
                 got = _values(r, ge.driver.read(ge.region(phase, ref, dims)).result())
-            if cl["op"] == "tail_argmax":
+            if cl.op == "tail_argmax":
                 assert np.array_equal(got, want), (i, got, want)
                 continue
             finite = np.isfinite(want)  # empty attention splits hold -inf maxima: they must match exactly
-            assert np.array_equal(got[~finite], want[~finite]) and np.isfinite(got[finite]).all(), (i, cl["op"])
+            assert np.array_equal(got[~finite], want[~finite]) and np.isfinite(got[finite]).all(), (i, cl.op)
             err = nmse(got[finite], want[finite])
-            bound = ORDER if cl["family"] in ORDER_SENSITIVE else EXACT
-            assert err < bound, (i, cl["op"], err)
-            worst[cl["op"]] = max(worst.get(cl["op"], 0.0), err)
+            bound = ORDER if cl.family in ORDER_SENSITIVE else EXACT
+            assert err < bound, (i, cl.op, err)
+            worst[cl.op] = max(worst.get(cl.op, 0.0), err)
     print(f"{phase}: worst NMSE per op against the CPU twin: "
           + ", ".join(f"{op} {e:.1e}" for op, e in sorted(worst.items())))
     assert {"embed", "rmsnorm_pack", "matmul_segmented", "rope_kv", "matmul_residual", "glu_pack"} <= set(worst)

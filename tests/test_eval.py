@@ -70,7 +70,7 @@ def saved(text, tmp_path_factory):
 
 
 def _engine(plan_path: str, ctx: int = CTX) -> Engine:
-    return Engine.load(plan_path, kv_blocks=kv_blocks_needed(read_header(plan_path)[0]["limits"]["chunk"], ctx))
+    return Engine.load(plan_path, kv_blocks=kv_blocks_needed(read_header(plan_path)[0].limits.chunk, ctx))
 
 
 def _ids(engine: Engine, text: str = TEXT) -> list[int]:

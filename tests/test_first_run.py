@@ -7,6 +7,7 @@ import io
 
 from llmplan.codegen import cpu_build
 from llmplan.core.console import Progress
+from llmplan.core.plan_records import to_wire
 from llmplan.core.planfile import read_body, read_header
 from llmplan.plans import cpu_native
 from llmplan.tuning import cpu_schedules
@@ -16,7 +17,7 @@ from conftest import TINY_SPM
 
 def _tuning(plan):
     header, offset = read_header(plan)
-    return read_body(plan, offset)["tune"]["decisions"]
+    return to_wire(read_body(plan, offset).tune.decisions)
 
 
 def test_a_first_run_probes_nothing_and_says_how_to_tune(cli, tmp_path, monkeypatch):

@@ -5,10 +5,11 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGUFReader, quants
 
-from conftest import TINY_BPE, TINY_SPM
 from llmplan.core.errors import FormatError
 from llmplan.core.formats import FORMATS, dequantize, format_of
 from llmplan.models.gguf import GGUFFile
+
+from conftest import TINY_BPE, TINY_SPM
 
 
 def _random_blocks(fmt, n, rng):

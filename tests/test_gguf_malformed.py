@@ -24,12 +24,37 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import llmplan.models.gguf as gguf_mod
-from conftest import TINY_BPE, TINY_SPM, VOCAB_SPM
-from gguf_bytes import (ARRAY, BOOL, F32, INT32, Q4_0, Q4_K, Q8_0, STRING, UINT8, UINT32, UINT64,
-                        Tensor, array, build, gstr, header_len, kv, kv_arr, kv_str, kv_u32, nbytes, u8, u32,
-                        u64, value)
 from llmplan.models.errors import GGUFEndianError, GGUFError
 from llmplan.models.gguf import GGUFFile
+
+from conftest import TINY_BPE, TINY_SPM, VOCAB_SPM
+from gguf_bytes import (
+    ARRAY,
+    BOOL,
+    F32,
+    INT32,
+    Q4_0,
+    Q4_K,
+    Q8_0,
+    STRING,
+    UINT8,
+    UINT32,
+    UINT64,
+    Tensor,
+    array,
+    build,
+    gstr,
+    header_len,
+    kv,
+    kv_arr,
+    kv_str,
+    kv_u32,
+    nbytes,
+    u8,
+    u32,
+    u64,
+    value,
+)
 
 U64_MAX = 2**64 - 1
 I64_MAX = 2**63 - 1

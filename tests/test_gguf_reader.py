@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType
 
-from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE, VOCAB_SPM
-from gguf_bytes import F32, Q8_0, Tensor, build, kv_arr, kv_str, kv_u32, STRING, INT32, FLOAT32
 from llmplan.models.gguf import GGUFFile, MetaValue
 from llmplan.models.strings import StringArray
+
+from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE, VOCAB_SPM
+from gguf_bytes import F32, FLOAT32, INT32, Q8_0, STRING, Tensor, build, kv_arr, kv_str, kv_u32
 
 # GGUFReader is slow on big vocabularies (it builds one numpy view per array element): ~10 s for
 # the 128k-token vocabulary and for Gemma 3, hence the slow marks there.

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
-from conftest import TINY_BPE, TINY_SPM, VOCAB_SPM
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.gguf_write import GGUFWriter
+
+from conftest import TINY_BPE, TINY_SPM, VOCAB_SPM
 from model_files import rewrite
 
 

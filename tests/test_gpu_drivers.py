@@ -9,6 +9,7 @@ device: the `gpu` tests (tests/test_gpu_e2e.py) and scripts/device-check."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import inspect
 import re
@@ -166,11 +167,11 @@ def _asking(plan: str, tmp_path, smem_per_block: int, smem) -> str:
     """The plan with its device's smem_per_block and each launch's dynamic shared memory smem(name)."""
     header, offset = read_header(plan)
     body = read_body(plan, offset)
-    header["device"]["smem_per_block"] = smem_per_block
-    for p in body["phases"].values():
-        for launch in p["launches"]:
-            for k in launch["kernels"]:
-                k["smem"] = smem(k["name"], body["gpu"]["manifests"][k["name"]]["shared_bytes"])
+    header.device = dataclasses.replace(header.device, smem_per_block=smem_per_block)
+    for p in body.phases.values():
+        for launch in p.launches:
+            for k in launch.kernels:
+                k.smem = smem(k.name, body.gpu.manifests[k.name]["shared_bytes"])
     out = tmp_path / "asks.plan"
     write_plan(out, header, body)
     return str(out)
@@ -186,13 +187,13 @@ def test_kernels_asking_beyond_the_default_shared_memory_opt_in_at_load(gpu_plan
     drivers = _drivers(monkeypatch, lambda: EmuCudaDriver(smem_per_block=16384))
     engine = Engine.load(plan, device="cuda")
     opted = dict(drivers[0].device.max_dynamic)
-    assert opted and set(opted) == {n for n in engine.executor.body["kernels"] if n.startswith("lp_glu_pack")}
+    assert opted and set(opted) == {n for n in engine.executor.body.kernels if n.startswith("lp_glu_pack")}
     assert set(opted.values()) == {20480}
     # without opting in, the stand-in's launch fails as cuLaunchKernel does (the emulator itself runs
     # no dynamic shared memory: these plans are only loaded)
     drivers[0].device.max_dynamic.clear()
     ex = engine.executor
-    glu = next(ln for ln in ex.phases["prefill"]["launches"] if ln["kernels"][0]["name"] in opted)
+    glu = next(ln for ln in ex.phases["prefill"].launches if ln.kernels[0].name in opted)
     with pytest.raises(FakeError, match="dynamic shared memory past its limit"):
         ex.driver.launch(ex._launch_calls("prefill", glu, ex.step_dims("prefill", 1, 1))[0])
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 from llmplan.core.devices import OFFLINE_TARGETS
+from llmplan.core.plan_records import to_wire
 from llmplan.core.planfile import read_body, read_header
 from llmplan.core.tune_store import TuneStore
 from llmplan.models.model import open_model
@@ -31,7 +32,7 @@ def test_gpu_probes_fill_the_store_the_planner_reads(tmp_path):
     assert found and all(len(d.candidates) > 1 for d in found)
     cheap = [d for d in found if d.key.startswith("gemm:")][:2]
     assert cheap, [d.key for d in found]
-    runner = ProbeRunner(EmuDriver(), device.to_dict(), model.file, table, built, found)
+    runner = ProbeRunner(EmuDriver(), device, model.file, table, built, found)
     store = TuneStore(tmp_path / "tune")
     for d in cheap:
         v = runner.verdict(d, round_seconds=0.001)
@@ -43,7 +44,7 @@ def test_gpu_probes_fill_the_store_the_planner_reads(tmp_path):
     plan = tmp_path / "p.plan"
     compile_model(model, device, plan, ctx=256, chunk=16, max_seqs=2, tune=store)
     header, offset = read_header(plan)
-    launches = [l for p in read_body(plan, offset)["phases"].values() for l in p["launches"]]
+    launches = [l for p in to_wire(read_body(plan, offset))["phases"].values() for l in p["launches"]]
     for d in cheap:
         taken = [l for l in launches if l.get("decision") == d.key]
         assert taken and all(l["member"] == d.verdict.winner and l["provenance"] == d.provenance for l in taken), d.key

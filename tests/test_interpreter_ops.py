@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
+from llmplan.core.formats import dequantize
 from llmplan.ir.interpret import IMPLS, Interpreter
 from llmplan.ir.ops import REGISTRY
 from llmplan.ir.trace import Tracer
 from llmplan.ir.types import Type
-from llmplan.core.formats import dequantize
 from llmplan.models.quantize import quantize
 
 rng = np.random.default_rng(7)

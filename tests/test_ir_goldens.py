@@ -3,12 +3,13 @@ golden files; every golden reads back to the same graph."""
 
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM
 from llmplan.ir.parser import parse_graph
 from llmplan.ir.printer import print_graph
 from llmplan.ir.trace import PHASES, trace_model
 from llmplan.ir.verify import verify
 from llmplan.models.model import open_model
+
+from conftest import TINY_BPE, TINY_SPM
 
 MODELS = {"tiny-llama-spm": lambda _: TINY_SPM, "tiny-llama3-bpe": lambda _: TINY_BPE,
           "gemma3-270m": lambda request: request.getfixturevalue("gemma3_path")}

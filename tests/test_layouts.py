@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kernel_inputs import random_blocks
 from llmplan.core import layouts
 from llmplan.core.formats import FORMATS, dequantize
+
+from kernel_inputs import random_blocks
 
 
 def _values(vectors: np.ndarray) -> np.ndarray:

@@ -8,7 +8,6 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from conftest import REFERENCE, TINY_BPE, TINY_SPM
 from llmplan.ir.printer import print_graph
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
@@ -16,6 +15,8 @@ from llmplan.models.architectures import definition
 from llmplan.models.builder import plan_build
 from llmplan.models.model import open_model
 from llmplan.passes.manager import PASS_NAMES, compile_graph, run_passes
+
+from conftest import REFERENCE, TINY_BPE, TINY_SPM
 
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])

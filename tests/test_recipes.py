@@ -3,12 +3,13 @@ Llama-3.1-8B shape whose Q4_K_M layout is well known."""
 
 import pytest
 
-from conftest import TINY_BPE, TINY_SPM
-from llmplan.models.builder import plan_build
 from llmplan.core.errors import InputError
+from llmplan.models.builder import plan_build
 from llmplan.models.model import expected_tensors, open_model
 from llmplan.models.presets import preset_config
 from llmplan.models.recipes import tensor_formats, use_more_bits
+
+from conftest import TINY_BPE, TINY_SPM
 
 
 def _table(path):

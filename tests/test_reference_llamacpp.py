@@ -26,12 +26,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
 from llmplan.ir.interpret import IMPLS
 from llmplan.ir.reference import ReferenceDecoder
 from llmplan.ir.trace import trace_model
 from llmplan.models.model import open_model
 from llmplan.models.tokenizer import load_tokenizer
+
+from conftest import REFERENCE, TINY_BPE, TINY_SPM, llama_cpp_bound
 from tokenizer_refs import model_path
 
 DATA = Path(__file__).parent / "data"

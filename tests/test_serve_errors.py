@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from serve_harness import Served  # noqa: F401 (skips this module without the serve extras)
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"

@@ -12,10 +12,11 @@ import time
 import httpx
 import numpy as np
 import pytest
-from serve_harness import Served
 
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
+
+from serve_harness import Served
 
 CLIENTS, PER_CLIENT = 32, 4
 LENGTHS = [4, 9, 17, 30, 45, 62, 80, 100]  # prompt tokens: one K/V block to seven, one prefill chunk to four

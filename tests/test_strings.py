@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 from gguf import GGUFReader
 
-from conftest import TINY_BPE, TINY_SPM
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.strings import StringArray, StringIndex
+
+from conftest import TINY_BPE, TINY_SPM
 
 
 def _check_against_list_and_dict(strings: StringArray, reference: list[str]) -> None:

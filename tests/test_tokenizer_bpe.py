@@ -10,9 +10,10 @@ import pytest
 from gguf import GGUFValueType
 
 from conftest import TINY_BPE, TINY_SPM, VOCAB_BPE
-from llamacpp_port import split_gpt2, split_llama3
+from llamacpp_port import split_digit_groups, split_gpt2, split_kimi_k2, split_llama3
 from llmplan.models.errors import TokenizerError
 from llmplan.models.gguf import GGUFFile, MetaValue
+from llmplan.models.pre_tokenizers import AFMOE_DIGITS, GPT2, KIMI_K2, LLAMA3, QWEN2, QWEN35, TYPES
 from llmplan.models.pretokenize import pre_tokenizer
 from llmplan.models.strings import StringArray, StringIndex
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
@@ -42,15 +43,21 @@ def test_llama3_vocab_cases():
 
 
 # letters, numbers, whitespace and the rest, from several scripts and Unicode versions: U+11F02 is a
-# letter for llama.cpp (Unicode 15.1) but unassigned in Python 3.11's tables; U+0378 is unassigned
+# letter for llama.cpp (Unicode 15.1) but unassigned in Python 3.11's tables; U+0378 is unassigned;
+# U+0915 U+093F is a letter and its combining mark, U+F900 a Han compatibility ideograph
 _ALPHABET = (list("aAzZ09 '''sStTmMdDrReEvVlL.,!?-_()<>|$+^~=`@#%&*/\\\"\t\r\n  ")
              + list("éжΩ日本ß²³٣Ⅻ①\u00a0\u3000\u2028\u0085\x0b\x0c\x00\x1c\x1f\u0301\u200b\ufeff😀∑\ue000")
-             + ["\U00011F02", "\U0002EBF0", "\u0378", "\u2581", "\u0130", "\u212a"])
+             + ["\U00011F02", "\U0002EBF0", "\u0378", "\u2581", "\u0130", "\u212a", "\u0915\u093f", "\uf900"])
 
 
-@pytest.mark.parametrize("family, port", [("llama3", split_llama3), ("gpt2", split_gpt2)])
-def test_pre_tokenizer_matches_llama_cpp(family, port):
-    split = pre_tokenizer(family)
+@pytest.mark.parametrize("expression, port", [
+    (LLAMA3, split_llama3), (GPT2, split_gpt2), (QWEN2, lambda t: split_llama3(t, max_digits=1)),
+    (QWEN35, lambda t: split_llama3(t, max_digits=1, marks=True)), (KIMI_K2, split_kimi_k2),
+    (AFMOE_DIGITS, split_digit_groups),
+], ids=["llama3", "gpt2", "qwen2", "qwen35", "kimi-k2", "digit-groups"])
+def test_pre_tokenizer_matches_llama_cpp(expression, port):
+    """llama.cpp's hand-written matchers, ported literally, against our expressions for them."""
+    split = pre_tokenizer((expression,))
     rng = random.Random(2)
     for _ in range(4000):
         text = "".join(rng.choice(_ALPHABET) for _ in range(rng.randint(0, 24)))
@@ -58,7 +65,7 @@ def test_pre_tokenizer_matches_llama_cpp(family, port):
 
 
 def test_default_pre_tokenizer():
-    split = pre_tokenizer("default")
+    split = pre_tokenizer(TYPES["default"].expressions)
     text = "Hello, world!! 12345 it's <x> x+=1 ٣٤٥٦"
     words = split(text)
     assert "".join(words) == text

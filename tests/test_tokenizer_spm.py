@@ -6,13 +6,14 @@ import random
 
 import pytest
 
-from conftest import TINY_SPM, VOCAB_SPM
-from llamacpp_port import spm_tokenize
 from llmplan.models.errors import TokenizerError
 from llmplan.models.gguf import GGUFFile
 from llmplan.models.strings import StringArray, StringIndex
 from llmplan.models.tokenizer import Tokenizer, load_tokenizer
 from llmplan.models.vocab import read_vocab
+
+from conftest import TINY_SPM, VOCAB_SPM
+from llamacpp_port import spm_tokenize
 from tokenizer_refs import SPM_FILES, model_path, reference, vocab_cases
 
 

@@ -9,12 +9,13 @@ import json
 
 import pytest
 
-from codegen_checks import needs_emulator
-from conftest import TINY_SPM, cpu_and_gpu_plans
 from llmplan.runtime import engine as engine_module
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
 from llmplan.runtime.trace import DEVICE, HOST, Trace
+
+from codegen_checks import needs_emulator
+from conftest import TINY_SPM, cpu_and_gpu_plans
 from stream_emu import EmuCudaDriver
 
 EPS = 0.01  # microseconds: ts and dur are rounded separately

@@ -17,11 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import numerics as num
 from llmplan.core import tune_store
 from llmplan.core.devices import local_cpu
+from llmplan.core.plan_records import KernelCall, Launch, Phase, Weight, to_wire
 from llmplan.core.planfile import read_body, read_header
 from llmplan.core.tune_store import TuneStore, _invalid
 from llmplan.models.model import open_model
@@ -33,7 +34,7 @@ from llmplan.runtime.requests import Request
 from llmplan.tuning import cpu_isa, probes
 from llmplan.tuning import cpu_schedules as cpu_schedules_probes
 
-from conftest import TINY_BPE, TINY_SPM
+from conftest import TINY_BPE, TINY_SPM, hide_cxx
 
 FAST = ["--round-ms", "0.5", "--ctx", "64", "--chunk", "16"]  # probes in tests: correct, not meaningful timings
 
@@ -63,8 +64,9 @@ def test_the_cpu_kernel_runs_the_launch_strategy(monkeypatch):
 
 
 def _launches(plan):
+    """The plan's body and every launch, in the wire form the file holds."""
     header, offset = read_header(plan)
-    body = read_body(plan, offset)
+    body = to_wire(read_body(plan, offset))
     return body, [l for p in body["phases"].values() for l in p["launches"]]
 
 
@@ -105,7 +107,7 @@ def test_tune_then_compile_takes_the_entries_without_probing(cli, tmp_path, monk
     assert body["tune"]["device_key"] == local_cpu().tune_key
     for launch in projections:
         assert launch["member"] == chosen[launch["decision"]]
-        want = [{"i32": v} for v in matmul.schedule(launch)]
+        want = [{"i32": v} for v in matmul.schedule(launch["member"])]
         assert all(k["args"][-3:] == want for k in launch["kernels"])
     code, out, _ = cli("inspect", tmp_path / "t.plan", "--json")
     assert code == 0 and json.loads(out)["tuning"]["decisions"] == body["tune"]["decisions"]
@@ -119,7 +121,7 @@ def _candidates(model) -> tuple[dict[str, list[str]], str]:
     device = local_cpu()
     phases, _, _, table = lower_phases(model, device, limits_for(model, 64, 16, 2))
     cpu, decisions, build_id = choose_cpu_kernels(model, phases, table, device, TuneStore(None))
-    names = (cpu_schedules.NativeTasks(None, model.file, phases).candidates if cpu["cpu"]["kernels"] == "native"
+    names = (cpu_schedules.NativeTasks(None, model.file, phases).candidates if cpu[1].kernels == "native"
              else cpu_decisions.candidates)
     return {d.key: [c.name for c in names(d.projection)] for d in decisions if d.projection}, build_id
 
@@ -130,8 +132,8 @@ def test_the_heuristic_prefetches_only_for_a_model_larger_than_the_cache(monkeyp
     those that run differently: prefetch distances for weights read in place, pass widths for rows16
     records with more than one activation row."""
     def shape(layout: str, rows: int) -> cpu_schedules.Shape:
-        phase = {"launches": [{"kernels": [{"name": "k", "args": [{"weight": "n", "layout": "f32"},
-                                                                    {"weight": "w", "layout": layout}]}]}]}
+        call = KernelCall("k", (1,), 1, 0, [Weight("n", "f32"), Weight("w", layout)])
+        phase = Phase([Launch("matmul", "matmul", {}, [], [], [call])], [], {}, {}, [])
         return cpu_schedules.Shape("k", cpu_decisions.Projection(256, (64,), rows), phase)
 
     file = open_model(TINY_BPE).file
@@ -162,7 +164,7 @@ def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
 @pytest.mark.parametrize("path", [TINY_SPM, TINY_BPE])
 def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path, kernels, monkeypatch):
     if kernels == "numpy":  # the plan compiled where no C++ compiler is: the NumPy twins' panels
-        monkeypatch.setattr(toolchain, "find", lambda tool, extra_dirs=(): None)
+        hide_cxx(monkeypatch)
     model = open_model(path)
     plan = tmp_path / "heuristic.plan"
     compile_model(model, local_cpu(), plan, ctx=64, chunk=16, max_seqs=2)  # no store: the heuristic

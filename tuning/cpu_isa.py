@@ -41,11 +41,11 @@ def verdict(plan: str | os.PathLike, candidates: list[str], round_seconds: float
     """Time a decode step of `plan` on each SIMD path in `candidates` (the default first)."""
     engine = Engine.load(plan)
     ex, driver = engine.executor, engine.executor.driver
-    params = {name: k["params"] for name, k in engine.body["kernels"].items()}
-    libs = {isa: CpuLibrary(engine.body["cpu"]["source"], params, isa) for isa in candidates}
+    params = {name: k.params for name, k in engine.body.kernels.items()}
+    libs = {isa: CpuLibrary(engine.body.cpu.source, params, isa) for isa in candidates}
     for lib in libs.values():
         lib.set_threads(driver.lib.threads())
-    ctx = engine.header["limits"]["ctx"]
+    ctx = engine.header.limits.ctx
     state = {"tokens": np.array([1], np.int32), "pos": np.array([ctx // 2], np.int32),
              "seq": np.zeros(1, np.int32), "pages": np.arange(pages_for(ctx), dtype=np.int32)[None, :]}
     rng = np.random.default_rng(0)
@@ -61,7 +61,7 @@ def verdict(plan: str | os.PathLike, candidates: list[str], round_seconds: float
     def against_default(isa: str) -> str:
         """Launch by launch from the default's state: the candidate's writes, undone, then the default's."""
         ex.write_state("decode", state, dims)
-        launches = ex.phases["decode"]["launches"]
+        launches = ex.phases["decode"].launches
         for i in dict.fromkeys(i for i, _ in calls):
             written = ex.written("decode", launches[i], dims, state)
 
@@ -76,7 +76,7 @@ def verdict(plan: str | os.PathLike, candidates: list[str], round_seconds: float
             for (_, r), b in zip(written, before):
                 driver.write(r, b)
             want = run(default)
-            bound = ORDER_NMSE if launches[i]["family"] in ORDER_SENSITIVE else EXACT_NMSE
+            bound = ORDER_NMSE if launches[i].family in ORDER_SENSITIVE else EXACT_NMSE
             for (what, r), g, w in zip(written, got, want):
                 why = (("" if np.array_equal(g, w) else "its tokens differ") if r.dtype == "i32"
                        else disagreement(g, w, bound))

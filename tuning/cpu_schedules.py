@@ -13,6 +13,7 @@ import numpy as np
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core import numerics as num
+from llmplan.core.plan_records import F32, I32, Buf, KernelCall, Ref, State
 from llmplan.core.tune_store import Verdict
 from llmplan.plans import cpu_decisions
 from llmplan.plans.cpu_decisions import DEFAULT, Decision, Panels, Probes, Projection, Strategy
@@ -60,41 +61,41 @@ def probe_schedules(kind: NativeTasks, d: Decision, cands: list[Schedule], round
     launch of that shape in turn (so the weights stream from memory as in a step), with random
     activations; each candidate's outputs checked bit for bit against the default's before it is timed."""
     shape: Shape = d.projection
-    phase, dims = shape.phase, dict(shape.phase["dims"], rows=shape.projection.rows)
-    group = [l for l in d.launches if any(l is x for x in phase["launches"])]
+    phase, dims = shape.phase, dict(shape.phase.dims, rows=shape.projection.rows)
+    group = [l for l in d.launches if any(l is x for x in phase.launches)]
     rng = np.random.default_rng(zlib.crc32(d.key.encode()))
     arrays: dict[str, np.ndarray] = {}  # activations and outputs, restored before each check
     held: dict[tuple[str, str], np.ndarray] = {}  # weights in the layouts the kernels read
 
-    def bind(ref: dict[str, Any]) -> np.ndarray:
-        if "state" in ref:  # the decode phases' tail writes its tokens into the tokens input
-            s = phase["state"][ref["state"]]
-            return arrays.setdefault(ref["state"], np.zeros([x if isinstance(x, int) else dims[x]
-                                                             for x in s["shape"]], np.int32))
-        if "buf" in ref:
-            b = phase["buffers"][ref["buf"]]
-            shp = tuple(x if isinstance(x, int) else dims[x] for x in b["shape"])
-            return arrays.setdefault(f"buf{ref['buf']}", random_operand(b["dtype"], shp, rng))
-        key = (ref["weight"], ref["layout"])
+    def bind(ref: Ref) -> np.ndarray:
+        if isinstance(ref, State):  # the decode phases' tail writes its tokens into the tokens input
+            s = phase.state[ref.name]
+            return arrays.setdefault(ref.name, np.zeros([x if isinstance(x, int) else dims[x] for x in s.shape],
+                                                        np.int32))
+        if isinstance(ref, Buf):
+            b = phase.buffers[ref.index]
+            shp = tuple(x if isinstance(x, int) else dims[x] for x in b.shape)
+            return arrays.setdefault(f"buf{ref.index}", random_operand(b.dtype, shp, rng))
+        key = (ref.name, ref.layout)
         if key not in held:
-            t = kind.file.tensors[ref["weight"]]
-            made = (ref["layout"], kind.file.tensor_bytes(ref["weight"]), t.type.name, tuple(reversed(t.shape)))
+            t = kind.file.tensors[ref.name]
+            made = (ref.layout, kind.file.tensor_bytes(ref.name), t.type.name, tuple(reversed(t.shape)))
             data = matmul.make_held(kind.lib, *made)  # the library's maker where it has one: faster
             held[key] = layouts.make(*made) if data is None else data
         return held[key]
 
-    def arg(r: dict[str, Any]) -> Any:
-        if "i32" in r:
-            return dims[r["i32"]] if isinstance(r["i32"], str) else r["i32"]
-        return r["f32"] if "f32" in r else bind(r).ctypes.data
+    def arg(r: Ref) -> Any:
+        if isinstance(r, I32):
+            return dims[r.value] if isinstance(r.value, str) else r.value
+        return r.value if isinstance(r, F32) else bind(r).ctypes.data
 
-    def values(k: dict[str, Any], s: Schedule) -> tuple:
-        return (*(arg(r) for r in k["args"][:-3]), s.rows, s.ahead, s.cols)
+    def values(k: KernelCall, s: Schedule) -> tuple:
+        return (*(arg(r) for r in k.args[:-3]), s.rows, s.ahead, s.cols)
 
-    calls = {c.name: [[(kind.lib.entry(k["name"])[0], values(k, c)) for k in l["kernels"]] for l in group]
+    calls = {c.name: [[(kind.lib.entry(k.name)[0], values(k, c)) for k in l.kernels] for l in group]
              for c in cands}
     snapshot = {n: a.copy() for n, a in arrays.items()}
-    outs = [f"buf{r['buf']}" for r in group[0]["outs"] if "buf" in r]
+    outs = [f"buf{r.index}" for r in group[0].outs if isinstance(r, Buf)]
 
     def runner(c: Schedule):
         def run(i: int):

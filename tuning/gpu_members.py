@@ -21,12 +21,30 @@ from typing import Any
 import numpy as np
 
 from llmplan.codegen.build import Build, build
-from llmplan.codegen.kernel import Context, Launch
+from llmplan.codegen.kernel import Context, KernelLaunch
 from llmplan.codegen.targets import target_for
 from llmplan.core import layouts
 from llmplan.core.devices import DeviceFacts
 from llmplan.core.formats import value_bytes
-from llmplan.core.numerics import ORDER_NMSE
+from llmplan.core.numerics import ORDER_NMSE, PAGE
+from llmplan.core.plan_records import (
+    Buf,
+    Buffer,
+    CacheInfo,
+    GpuSection,
+    KernelCall,
+    KernelInfo,
+    Launch,
+    Limits,
+    ModelRef,
+    Phase,
+    PlanBody,
+    PlanHeader,
+    Scratch,
+    TuneRecord,
+    Weight,
+)
+from llmplan.core.planfile import FORMAT_VERSION
 from llmplan.core.tune_store import TuneStore, Verdict, provenance, record
 from llmplan.models.gguf import GGUFFile
 from llmplan.plans.select import build_id, decision_key, fits, members
@@ -40,10 +58,10 @@ class GpuDecision:
     key: str
     build_id: str
     phase: str
-    launch: dict[str, Any]  # the first lowered launch it decides (operand types and shapes)
-    buffers: list[dict[str, Any]]  # its phase's buffers (dtype, shape)
+    launch: Launch  # the first lowered launch it decides (operand types and shapes)
+    buffers: list[Buffer]  # its phase's buffers (dtype, shape)
     dims: dict[str, int]  # the phase's bounds: the shapes it is timed at
-    candidates: dict[str, list[Launch]]  # those that fit, the family's order: the first is the default
+    candidates: dict[str, list[KernelLaunch]]  # those that fit, the family's order: the first is the default
     pruned: dict[str, str] = field(default_factory=dict)
     phases: dict[str, int] = field(default_factory=dict)  # launches per phase
     verdict: Verdict | None = None
@@ -51,21 +69,21 @@ class GpuDecision:
     provenance: str = ""
 
 
-def decisions(phases: dict[str, dict[str, Any]], table, device: DeviceFacts) -> tuple[list[GpuDecision], Build]:
+def decisions(phases: dict[str, Phase], table, device: DeviceFacts) -> tuple[list[GpuDecision], Build]:
     """Every decision of the plan for `device` with more than one member that fits, and one build of
     all their candidates."""
     target = target_for(device.arch)
     found: dict[str, GpuDecision] = {}
     for phase, p in phases.items():
-        ctx = Context(p["buffers"], table, target, p["dims"], device.multiprocessors)
-        for launch in p["launches"]:
+        ctx = Context(p.buffers, table, target, p.dims, device.multiprocessors)
+        for launch in p.launches:
             cands = members(launch, ctx)
             if len(cands) < 2:
                 continue
             key = decision_key(launch, ctx)
             if key not in found:
                 bid = build_id(tuple(ln.kernel for lns in cands.values() for ln in lns))
-                found[key] = GpuDecision(key, bid, phase, launch, p["buffers"], p["dims"], cands)
+                found[key] = GpuDecision(key, bid, phase, launch, p.buffers, p.dims, cands)
             found[key].phases[phase] = found[key].phases.get(phase, 0) + 1
     kernels = {ln.kernel.name: ln.kernel for d in found.values() for lns in d.candidates.values() for ln in lns}
     built = build(list(kernels.values()), target, gates=False)
@@ -86,20 +104,29 @@ def keep(d: GpuDecision, v: Verdict, device: DeviceFacts, store: TuneStore) -> N
     d.provenance = provenance(d.entry, entry)
 
 
+def _probe_plan(device: DeviceFacts, built: Build, kernels: dict[str, KernelLaunch]) -> tuple[PlanHeader, PlanBody]:
+    """A plan holding only the candidates' kernels, for the driver to load: one launch calling each."""
+    calls = [KernelCall(n, (), ln.kernel.block, ln.smem, []) for n, ln in kernels.items()]
+    phase = Phase([Launch("probe", "probe", {}, [], [], calls)], [], {}, {}, [])
+    body = PlanBody({}, {}, {"probe": phase}, 0, CacheInfo("f16", (), PAGE, ""), {}, {},
+                    {n: KernelInfo(list(ln.kernel.params), ln.kernel.block) for n, ln in kernels.items()},
+                    TuneRecord("off", device.tune_key, {}),
+                    gpu=GpuSection(built.target, built.source, built.binary,
+                                   {n: vars(m) for n, m in built.manifests.items() if n in kernels}))
+    return PlanHeader(FORMAT_VERSION, "", device, {}, ModelRef("", "", "", {}), Limits(0, 0, 0, 0)), body
+
+
 class ProbeRunner:
-    def __init__(self, driver: Driver, device: dict[str, Any], model: GGUFFile, table: dict[str, tuple],
-                 built: Any, decisions: list[GpuDecision]):
+    def __init__(self, driver: Driver, device: DeviceFacts, model: GGUFFile, table: dict[str, tuple],
+                 built: Build, decisions: list[GpuDecision]):
         self.driver, self.model, self.table = driver, model, table
         kernels = {ln.kernel.name: ln for d in decisions for lns in d.candidates.values() for ln in lns}
-        body = {"kernels": {n: {"params": list(ln.kernel.params), "block": ln.kernel.block} for n, ln in kernels.items()},
-                "gpu": {"binary": built.binary, "source": built.source},
-                "phases": {"probe": {"launches": [{"kernels": [{"name": n, "smem": ln.smem}
-                                                                for n, ln in kernels.items()]}]}}}
-        driver.load(body, {"device": device})
+        header, body = _probe_plan(device, built, kernels)
+        driver.load(body, header)
         self.weights: dict[tuple[str, str], Region] = {}
 
-    def _weight(self, ref: dict[str, Any]) -> Region:
-        key = (ref["weight"], ref.get("layout", "plain"))
+    def _weight(self, ref: Weight) -> Region:
+        key = (ref.name, ref.layout or "plain")
         if key not in self.weights:
             fmt, shape = self.table[key[0]]
             data = layouts.make(key[1], self.model.tensor_bytes(key[0]), fmt, tuple(shape))
@@ -109,7 +136,7 @@ class ProbeRunner:
     def verdict(self, d: GpuDecision, round_seconds: float) -> Verdict:
         rng = np.random.default_rng(zlib.crc32(d.key.encode()))
         buffers = self._buffers(d, rng)
-        outs = [buffers[("buf", r["buf"])] for r in d.launch["outs"]]
+        outs = [buffers[r] for r in d.launch.outs]
         # every check starts the outputs from the same contents (matmul_residual adds into its output; a
         # member that leaves part unwritten then differs from the default there)
         initial = {id(r): random_operand(r.dtype, r.shape, rng) for r in outs}
@@ -142,28 +169,27 @@ class ProbeRunner:
         for name, lns in d.candidates.items():
             for ln in lns:
                 for ref in ln.args:
-                    if "buf" in ref and ("buf", ref["buf"]) not in out:
-                        b = d.buffers[ref["buf"]]
-                        shape = tuple(s if isinstance(s, int) else d.dims[s] for s in b["shape"])
-                        data = random_operand(b["dtype"], shape, rng)
-                        out[("buf", ref["buf"])] = Region(self.driver.put(data), 0, data.nbytes, b["dtype"], shape)
-                    elif "scratch" in ref and ("scratch", name, ref["scratch"]) not in out:  # shared by a member's launches
-                        shape = tuple(s if isinstance(s, int) else d.dims[s] for s in ref["shape"])
-                        n = value_bytes(ref["dtype"], shape)
-                        out[("scratch", name, ref["scratch"])] = Region(self.driver.alloc(n), 0, n, ref["dtype"], shape)
+                    if isinstance(ref, Buf) and ref not in out:
+                        b = d.buffers[ref.index]
+                        shape = tuple(s if isinstance(s, int) else d.dims[s] for s in b.shape)
+                        data = random_operand(b.dtype, shape, rng)
+                        out[ref] = Region(self.driver.put(data), 0, data.nbytes, b.dtype, shape)
+                    elif isinstance(ref, Scratch) and (name, ref.name) not in out:  # shared by a member's launches
+                        shape = tuple(s if isinstance(s, int) else d.dims[s] for s in ref.shape)
+                        n = value_bytes(ref.dtype, shape)
+                        out[(name, ref.name)] = Region(self.driver.alloc(n), 0, n, ref.dtype, shape)
         return out
 
     def _call(self, member: str, ln: Any, buffers: dict[tuple, Region], dims: dict[str, int]) -> Call:
         args: list[Region | Scalar] = []
         for ref in ln.args:
-            if "buf" in ref:
-                args.append(buffers[("buf", ref["buf"])])
-            elif "scratch" in ref:
-                args.append(buffers[("scratch", member, ref["scratch"])])
-            elif "weight" in ref:
+            if isinstance(ref, Buf):
+                args.append(buffers[ref])
+            elif isinstance(ref, Scratch):
+                args.append(buffers[(member, ref.name)])
+            elif isinstance(ref, Weight):
                 args.append(self._weight(ref))
             else:
-                kind, v = next(iter(ref.items()))
-                args.append(Scalar(kind, dims[v] if isinstance(v, str) else v))
+                args.append(Scalar(ref.KIND, dims[ref.value] if isinstance(ref.value, str) else ref.value))
         grid = [g if isinstance(g, int) else -(-dims[g[0]] // g[1]) for g in ln.grid]
         return Call(ln.kernel.name, tuple(grid + [1] * (3 - len(grid))), ln.kernel.block, ln.smem, args)

@@ -7,7 +7,7 @@
 // weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
 // mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K and Q6_K,
 // which the runtime relays out once at load into 16-row records (weight codes LP_FMT_Q4_K_R16 and
-// LP_FMT_Q6_K_R16, rows16.h: their own engine, the same on every path).
+// LP_FMT_Q6_K_R16 of formats.h, rows16.h: their own engine, the same on every path).
 //
 // Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
 // gate|up are one launch; rows16 tasks rounded up to whole records); pool.h hands tasks to threads as
@@ -85,14 +85,10 @@ template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k
   }
 }
 
-// the activation format each weight format takes on the CPU (quant.cuh's, with f32 and bf16 values for
-// f32 and bf16 weights: core/formats.py ACTIVATION_FORMAT)
-enum { LP_ACT_F32 = 5, LP_ACT_BF16 = 6 };
+// the activation format each weight code takes (rows16 records: their format's, q8_k)
 template <int F> constexpr int act_of() {
-  if constexpr (F == LP_FMT_F32) return LP_ACT_F32;
-  else if constexpr (F == LP_FMT_BF16) return LP_ACT_BF16;
-  else if constexpr (is_r16<F>) return LP_ACT_Q8_K;
-  else return LpWeight<F>::ACT;
+  if constexpr (is_r16<F>) return LP_ACT_Q8_K;
+  else return LpFormat<F>::ACT;
 }
 
 // --- the scalar path ----------------------------------------------------------------------------------

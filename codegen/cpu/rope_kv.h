@@ -30,7 +30,9 @@ inline void rope_kv(const float* q, const float* k, const float* v, const int* p
     for (int i = 0; i < half; ++i) {
       const int i0 = MODE == 0 ? 2 * i : i, i1 = MODE == 0 ? 2 * i + 1 : i + half;
       const float x0 = value(i0), x1 = value(i1), c = cs[2 * i], s = cs[2 * i + 1];
-      put(i0, x0 * c - x1 * s);
+      // x0 c - x1 s as a sum, which rounds alike: g++ 12 vectorizes the difference beside the sum below
+      // into one fused vfmaddsub, -ffp-contract=off notwithstanding
+      put(i0, x0 * c + -x1 * s);
       put(i1, x0 * s + x1 * c);
     }
     for (int f = dims; f < d; ++f) put(f, value(f));

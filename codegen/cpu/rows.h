@@ -49,9 +49,9 @@ inline int round32(const float* x, float s, int8_t* q) {  // the same float prod
 }
 #endif
 
-// output formats: common.cuh's q8 codes, then fused.cuh's LP_OUT_F16, LP_OUT_BF16, LP_OUT_F32
+// FMT: an activation format (formats.h LP_ACT_*)
 template <int FMT> inline void pack_row(const float* v, int k, void* out, int rows, int row) {
-  if constexpr (FMT == LP_OUT_Q8_0 || FMT == LP_OUT_Q8_1) {
+  if constexpr (FMT == LP_ACT_Q8_0 || FMT == LP_ACT_Q8_1) {
     const Q8Rows q = lp_q8_rows(out, rows, k, FMT);
     for (int b = 0; b < k / 32; ++b) {
       const float* x = v + 32 * b;
@@ -82,9 +82,9 @@ template <int FMT> inline void pack_row(const float* v, int k, void* out, int ro
         }
       const size_t blk = (size_t)row * (k / 32) + b;
       ((lp_half*)q.d)[blk] = lp_f2h(d);
-      if constexpr (FMT == LP_OUT_Q8_1) q.s[blk] = lp_f2h(d * (float)sum);
+      if constexpr (FMT == LP_ACT_Q8_1) q.s[blk] = lp_f2h(d * (float)sum);
     }
-  } else if constexpr (FMT == LP_OUT_Q8_K) {
+  } else if constexpr (FMT == LP_ACT_Q8_K) {
     const Q8Rows q = lp_q8_rows(out, rows, k, 2);
     for (int b = 0; b < k / 256; ++b) {
       const float* x = v + 256 * b;
@@ -135,8 +135,8 @@ template <int FMT> inline void pack_row(const float* v, int k, void* out, int ro
   } else {
     const size_t at = (size_t)row * k;
     for (int i = 0; i < k; ++i) {
-      if constexpr (FMT == LP_OUT_F16) ((lp_half*)out)[at + i] = lp_f2h(v[i]);
-      else if constexpr (FMT == LP_OUT_BF16) ((uint16_t*)out)[at + i] = lp_f2bf(v[i]);
+      if constexpr (FMT == LP_ACT_F16) ((lp_half*)out)[at + i] = lp_f2h(v[i]);
+      else if constexpr (FMT == LP_ACT_BF16) ((uint16_t*)out)[at + i] = lp_f2bf(v[i]);
       else ((float*)out)[at + i] = v[i];
     }
   }

@@ -37,8 +37,8 @@
 
 namespace lp_cpu {
 
-enum { LP_FMT_Q4_K_R16 = 100, LP_FMT_Q6_K_R16 = 101 };  // CPU-only weight codes: rows16 records
-constexpr int R16 = 16;
+// the records' weight codes (LP_FMT_Q4_K_R16, LP_FMT_Q6_K_R16), rows and bytes come from formats.h
+constexpr int R16 = LP_ROWS16;
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
 // int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset).
@@ -64,9 +64,10 @@ inline void r16_sums(const int16_t* bsums, int rows, int k, std::vector<int32_t>
 inline float r16_half(const uint8_t* p, int r) { return lp_h2f(((const lp_half*)p)[r]); }
 
 struct K4 {
-  static constexpr int BYTES = 2368, SUB = 32;
+  static constexpr int BYTES = LpRows16<LP_FMT_Q4_K_R16>::BYTES, SUB = LpFormat<LP_FMT_Q4_K>::SB;
   static constexpr bool NARROW = true;  // a sub-block's products fit int16 pairs: 8 x 2 x 15 x 128 = 30720
   static constexpr int D = 0, DMIN = 32, SC = 64, M = 192, QS = 320;
+  static_assert(QS + 4 * 8 * R16 * 4 == BYTES, "the fields fill the record");
   static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {  // values v .. v + 3 (v % 4 == 0) of row r
     const int g = v / 64, h = v % 64 / 32, t = v % 32 / 4;
     const uint8_t* p = rec + QS + ((g * 8 + t) * R16 + r) * 4;
@@ -83,9 +84,10 @@ struct K4 {
 };
 
 struct K6 {
-  static constexpr int BYTES = 3360, SUB = 16;
+  static constexpr int BYTES = LpRows16<LP_FMT_Q6_K_R16>::BYTES, SUB = LpFormat<LP_FMT_Q6_K>::SB;
   static constexpr bool NARROW = false;  // 4 x 2 x 63 x 128 does not fit int16
   static constexpr int D = 0, SC = 32, Q = 288;
+  static_assert(Q + 2 * 1536 == BYTES, "the fields fill the record");
   // the vectors' offsets: per 128 values G, the low bits of group 2G interleaved with the high bits,
   // then group 2G + 1's low bits (a one-row pass reads the record in address order)
   static int ql(int g, int t) { return Q + (g / 2) * 1536 + (g % 2 ? 1024 + 64 * t : 128 * t); }

@@ -105,9 +105,9 @@ template <int F> struct Unpack;
 // Kind A: block(w, blk) is block blk's 32 values as bytes, d(w, blk) and m(w, blk) its scale and min;
 // row() writes a row of them to the scratch (matmul.h also reads blocks directly through these).
 template <> struct Unpack<LP_FMT_Q8_0> {
-  static constexpr int KIND = UNPACK_A;
-  static constexpr bool SIGNED = true, MIN = false;
   using W = LpWeight<LP_FMT_Q8_0, LP_BLOCKS>;
+  static constexpr int KIND = UNPACK_A;
+  static constexpr bool SIGNED = true, MIN = W::MIN;
   static __m256i block(const W& w, size_t blk) { return load32(w.qs.at(blk)); }
   static float d(const W& w, size_t blk) { return lp_h2f(w.d[blk]); }
   static float m(const W&, size_t) { return 0.0f; }
@@ -122,10 +122,11 @@ template <> struct Unpack<LP_FMT_Q8_0> {
   static void row(const W& w, int row, UnpackedA& u);
 };
 
-template <bool HI, bool MN> struct Unpack32 {
+template <int F> struct Unpack32 {
+  using W = LpWeight32<F, LP_BLOCKS>;
+  static constexpr bool HI = W::HI, MN = W::MIN;
   static constexpr int KIND = UNPACK_A;
   static constexpr bool SIGNED = !MN, MIN = MN;
-  using W = LpWeight32<HI, MN, LP_BLOCKS>;
   static __m256i block(const W& w, size_t blk) {
     const __m128i qs = _mm_loadu_si128((const __m128i*)w.qs.at(blk));
     __m256i v = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), bytes(0xF));  // values 0..15, 16..31
@@ -164,13 +165,13 @@ template <class U, class W> inline void unpack_a_row(const W& w, int row, Unpack
   }
 }
 inline void Unpack<LP_FMT_Q8_0>::row(const W& w, int row, UnpackedA& u) { unpack_a_row<Unpack<LP_FMT_Q8_0>>(w, row, u); }
-template <bool HI, bool MN> inline void Unpack32<HI, MN>::row(const W& w, int row, UnpackedA& u) {
-  unpack_a_row<Unpack32<HI, MN>>(w, row, u);
+template <int F> inline void Unpack32<F>::row(const W& w, int row, UnpackedA& u) {
+  unpack_a_row<Unpack32<F>>(w, row, u);
 }
-template <> struct Unpack<LP_FMT_Q4_0> : Unpack32<false, false> {};
-template <> struct Unpack<LP_FMT_Q4_1> : Unpack32<false, true> {};
-template <> struct Unpack<LP_FMT_Q5_0> : Unpack32<true, false> {};
-template <> struct Unpack<LP_FMT_Q5_1> : Unpack32<true, true> {};
+template <> struct Unpack<LP_FMT_Q4_0> : Unpack32<LP_FMT_Q4_0> {};
+template <> struct Unpack<LP_FMT_Q4_1> : Unpack32<LP_FMT_Q4_1> {};
+template <> struct Unpack<LP_FMT_Q5_0> : Unpack32<LP_FMT_Q5_0> {};
+template <> struct Unpack<LP_FMT_Q5_1> : Unpack32<LP_FMT_Q5_1> {};
 
 // Kind B: head(w, blk) is super-block blk's KHead; q32(w, blk, g) its values 32g .. 32g + 31 as bytes,
 // q64(w, blk, g) (avx512) values 64g .. 64g + 63; first(w, blk) the block's first byte (its fields
@@ -208,9 +209,9 @@ template <class U, class W> inline void unpack_b_row(const W& w, int row, Unpack
 }
 
 template <> struct Unpack<LP_FMT_Q2_K> {
-  static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = true;
   using W = LpWeight<LP_FMT_Q2_K, LP_BLOCKS>;
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = W::MIN;
   static const void* first(const W& w, size_t blk) { return w.scales.at(blk); }
   static KHead head(const W& w, size_t blk) {
     const __m128i s = _mm_loadu_si128((const __m128i*)w.scales.at(blk));
@@ -231,9 +232,9 @@ template <> struct Unpack<LP_FMT_Q2_K> {
 };
 
 template <> struct Unpack<LP_FMT_Q3_K> {
-  static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = false;
   using W = LpWeight<LP_FMT_Q3_K, LP_BLOCKS>;
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = W::MIN;
   static const void* first(const W& w, size_t blk) { return w.hmask.at(blk); }
   static KHead head(const W& w, size_t blk) {
     alignas(32) int16_t sc[16];
@@ -256,10 +257,10 @@ template <> struct Unpack<LP_FMT_Q3_K> {
   static void row(const W& w, int row, UnpackedB& u) { unpack_b_row<Unpack>(w, row, u); }
 };
 
-template <bool Q5> struct UnpackK45 {
+template <int F> struct UnpackK45 {
+  using W = LpWeightK45<F, LP_BLOCKS>;
   static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = true;
-  using W = LpWeightK45<Q5, LP_BLOCKS>;
+  static constexpr bool Q5 = W::Q5, MIN = W::MIN;
   static const void* first(const W& w, size_t blk) { return w.d.at(blk); }
   // the 6-bit scales and mins of lp_k_scale_min, four bytes at a time: scales 0..3 and mins 0..3 are the
   // low 6 bits of bytes 0..3 and 4..7; scales 4..7 (mins 4..7) the low (high) nibbles of bytes 8..11
@@ -287,13 +288,13 @@ template <bool Q5> struct UnpackK45 {
 #endif
   static void row(const W& w, int row, UnpackedB& u) { unpack_b_row<UnpackK45>(w, row, u); }
 };
-template <> struct Unpack<LP_FMT_Q4_K> : UnpackK45<false> {};
-template <> struct Unpack<LP_FMT_Q5_K> : UnpackK45<true> {};
+template <> struct Unpack<LP_FMT_Q4_K> : UnpackK45<LP_FMT_Q4_K> {};
+template <> struct Unpack<LP_FMT_Q5_K> : UnpackK45<LP_FMT_Q5_K> {};
 
 template <> struct Unpack<LP_FMT_Q6_K> {
-  static constexpr int KIND = UNPACK_B;
-  static constexpr bool MIN = false;
   using W = LpWeight<LP_FMT_Q6_K, LP_BLOCKS>;
+  static constexpr int KIND = UNPACK_B;
+  static constexpr bool MIN = W::MIN;
   static const void* first(const W& w, size_t blk) { return w.ql.at(blk); }
   static KHead head(const W& w, size_t blk) {
     const __m256i s = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)w.scales.at(blk)));

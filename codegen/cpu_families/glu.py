@@ -1,31 +1,24 @@
 """GLU + pack on the CPU (codegen/cpu/glu.h): op glu_pack, out = pack[format](act(gate) * up), the
-activation in float64 as the twin computes it. Arguments (gate, up, out, rows, k)."""
+activation in float64 as the twin computes it; operands and arguments as codegen/operands.py's glu
+contract says, to every activation format."""
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch
 
-from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
-from .norm import out_format
+from .. import operands
+from ..format_header import act_code
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import GLU_ACTS, GLU_PARAMS, declare, refs
 
-ACTS = {"silu": 0, "gelu_tanh": 1}
 
-
-def kernel(act: str, fmt: str, k: int) -> Kernel:
-    if act not in ACTS:
-        raise BuildError(f"glu_pack: activation {act!r} is not one of {', '.join(ACTS)}")
-    code = out_format(fmt, k, "glu_pack")
+def kernel(act: str, fmt: str) -> Kernel:
     name = f"lp_cpu_glu_pack_{act}_{fmt}"
-    entry = (f"LP_KERNEL void {name}(const float* gate, const float* up, void* out, int rows, int k) "
-             f"{{ lp_cpu::glu_pack<{ACTS[act]}, {code}>(gate, up, out, rows, k); }}")
+    entry = (f"LP_KERNEL void {name}({declare(GLU_PARAMS)}) "
+             f"{{ lp_cpu::glu_pack<{GLU_ACTS[act]}, {act_code(fmt)}>(gate, up, out, rows, k); }}")
     return Kernel(name, "glu_pack", "glu.h", entry, 0)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "glu_pack":
-        raise BuildError(f"glu: no CPU kernel for op {launch['op']}")
-    gate, up = launch["args"]
-    rows, k = ctx.shape(gate)
-    return [Launch(kernel(launch["attrs"]["act"], launch["attrs"]["format"], k), (1,),
-                   [gate, up, launch["outs"][0], scalar(rows), scalar(k)])]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.glu(launch, ctx)
+    return [KernelLaunch(kernel(c.act, c.fmt), (1,), refs(c.args))]

@@ -6,11 +6,10 @@ One call per launch. The kernel splits the out rows of its weights (up to 3 segm
 format, all taking the same packed x) into tasks of `task_rows` consecutive rows that the pool's
 threads take as they come free; each task streams its rows of the weight once for all activation rows.
 
-Launch arguments, in order: x (packed q8_0 / q8_1 / q8_k activations, or f16 / bf16 / f32 values for
-float weights), the weights ({"weight": name, "layout": "blocks"}: the tensor's bytes in the mapped
-GGUF; "rows16" for Q4_K and Q6_K, RELAYOUT), the residual r (matmul_residual; it may be the output
-itself), the outputs [rows, n] f32, then rows (the activation's row count, usually the symbol "rows"),
-k, each weight's out rows, task_rows, ahead, cols.
+Operands and arguments as codegen/operands.py's projection contract says (x packed q8_0 / q8_1 / q8_k,
+or f16 / bf16 / f32 values for float weights; the residual may be the output itself), the weights in
+layout "blocks" (the tensor's bytes in the mapped GGUF) or "rows16" for Q4_K and Q6_K (RELAYOUT); then
+the schedule: task_rows, ahead, cols.
 
 Members: a schedule, "t<rows>[a<tiles>][c<cols>]": weight rows per task (TASK_ROWS); how many register
 tiles ahead the one-row engines of weights read in place prefetch their blocks (AHEAD; 0: none; the
@@ -29,63 +28,47 @@ from typing import Any
 import numpy as np
 
 from llmplan.core import layouts
-from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.formats import FORMATS
+from llmplan.core.plan_records import Launch, Weight
 
-from ..kernel import Context, Kernel, Launch, scalar
+from .. import format_header, operands
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import declare, i32, projection_params, refs
 
-FORMATS = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_VALUES = {"F32": 1, "F16": 1, "BF16": 1, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
-                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
 TASK_ROWS = (8, 16, 32, 64)
 DEFAULT_TASK_ROWS = 16
 AHEAD = (0, 1, 2, 4)
 DEFAULT_AHEAD = 2
 COLS = (2, 4, 6)
 DEFAULT_COLS = 0
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
-
-
-class CpuMatmulError(ValueError):
-    """A launch this family cannot serve (format, shape); the message names the weight."""
+SCHEDULE_PARAMS = (("int", "task_rows"), ("int", "ahead"), ("int", "cols"))
 
 
 # Formats the projections read in a layout made once at load, not in place: (layout, the kernel's weight
 # code, its name in kernel names): rows16 records (codegen/cpu/rows16.h), measured faster than in place
 # for every shape of tiny-llama3 and gemma3-270m, one row and 128 (docs/benchmarks.md).
-RELAYOUT = {"Q4_K": ("rows16", "lp_cpu::LP_FMT_Q4_K_R16", "q4_k_r16"),
-            "Q6_K": ("rows16", "lp_cpu::LP_FMT_Q6_K_R16", "q6_k_r16")}
+RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K")}
 
 
-def in_place(ref: dict[str, Any]) -> dict[str, Any]:
-    """A weight read as the mapped file holds it."""
-    return {"weight": ref["weight"], "layout": "blocks"}
+def layout(fmt: str) -> str:
+    """The layout a projection's kernel reads a weight of `fmt` in: RELAYOUT's, else the mapped file's
+    blocks in place."""
+    return RELAYOUT[fmt][0] if fmt in RELAYOUT else "blocks"
 
 
-def held(ref: dict[str, Any], fmt: str) -> dict[str, Any]:
-    """A projection's weight as its kernel reads it: relaid out where RELAYOUT says, else in place."""
-    return {"weight": ref["weight"], "layout": RELAYOUT[fmt][0]} if fmt in RELAYOUT else in_place(ref)
+def held(ref: Weight, fmt: str) -> Weight:
+    """A projection's weight as its kernel reads it."""
+    return Weight(ref.name, layout(fmt))
 
 
 def weight_code(fmt: str) -> str:
     """The C++ weight code of a projection weight of format `fmt` as held()."""
-    return RELAYOUT[fmt][1] if fmt in RELAYOUT else f"LP_FMT_{fmt}"
+    return RELAYOUT[fmt][1] if fmt in RELAYOUT else format_header.weight_code(fmt)
 
 
 def weight_token(fmt: str) -> str:
     """Its name in kernel names."""
     return RELAYOUT[fmt][2] if fmt in RELAYOUT else fmt.lower()
-
-
-def check_weight(ctx: Context, ref: dict[str, Any], what: str = "matmul") -> tuple[str, int, int]:
-    """(format, out rows, in) of a weight the kernels can read, else CpuMatmulError."""
-    fmt = ctx.weights[ref["weight"]][0].upper()
-    n, k = ctx.shape(ref)
-    if fmt not in FORMATS:
-        raise CpuMatmulError(f"{what}: weight {ref['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
-    if k % BLOCK_VALUES[fmt]:
-        raise CpuMatmulError(f"{what}: weight {ref['weight']} ({fmt}) has rows of {k}, not a multiple of "
-                             f"{BLOCK_VALUES[fmt]}")
-    return fmt, n, k
 
 
 def member(rows: int, ahead: int, cols: int = DEFAULT_COLS) -> str:
@@ -99,10 +82,10 @@ SCHEDULES = tuple(dict.fromkeys([_D, *((n, *_D[1:]) for n in TASK_ROWS), *((_D[0
 MEMBERS = tuple(member(*s) for s in SCHEDULES)
 
 
-def schedule(launch: dict[str, Any]) -> tuple[int, int, int]:
+def schedule(member: str) -> tuple[int, int, int]:
     """(weight rows per task, prefetch distance in tiles, activation rows a rows16 pass) of a launch's
     member; the defaults without one."""
-    m = re.fullmatch(r"t(\d+)(?:a(\d+))?(?:c(\d+))?", str(launch.get("member") or ""))
+    m = re.fullmatch(r"t(\d+)(?:a(\d+))?(?:c(\d+))?", member)
     if not m:
         return _D
     s = (int(m.group(1)), int(m.group(2) or DEFAULT_AHEAD), int(m.group(3) or DEFAULT_COLS))
@@ -111,30 +94,25 @@ def schedule(launch: dict[str, Any]) -> tuple[int, int, int]:
     return s
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     return list(MEMBERS)
 
 
-def kernel(formats: list[str], residual: bool) -> Kernel:
-    """The kernel for these segment formats and epilogue."""
+def kernel(formats: tuple[str, ...], residual: bool) -> Kernel:
+    """The kernel for these segment formats (one activation format: the contract's check) and epilogue."""
     nseg = len(formats)
     assert 1 <= nseg <= 3 and not (residual and nseg > 1)
-    acts = {ACTIVATION_FORMAT[f.lower()] for f in formats}
-    if len(acts) != 1:
-        raise CpuMatmulError(f"segments {'/'.join(formats)} take different activations ({', '.join(sorted(acts))})")
     fmts = "_".join(weight_token(f) for f in (formats if len(set(formats)) > 1 else formats[:1]))
     name = f"lp_cpu_matmul_{fmts}_seg{nseg}_res{int(residual)}"
     ws = [f"w{i}" for i in range(nseg)]
     ys = [f"y{i}" for i in range(nseg)]
-    params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
-              + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)]
-              + ["int task_rows", "int ahead", "int cols"])
     pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
     codes = pad([weight_code(f) for f in formats], "0")
     call = (f"lp_cpu::matmul<{codes}, {nseg}, {'true' if residual else 'false'}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, "
             f"{pad([f'n{i}' for i in range(nseg)], '0')}, task_rows, ahead, cols)")
-    entry = f"LP_KERNEL void {name}({', '.join(params)}) {{ {call}; }}"
+    params = declare((*projection_params(nseg, residual), *SCHEDULE_PARAMS))
+    entry = f"LP_KERNEL void {name}({params}) {{ {call}; }}"
     return Kernel(name, "matmul", "matmul.h", entry, 0)
 
 
@@ -143,7 +121,8 @@ def kernel_in_place(fmt: str) -> Kernel:
     the relayout: what scripts/bench_relayout.py measures the records against."""
     k = kernel([fmt], False)
     name = k.name.replace(weight_token(fmt), f"{fmt.lower()}_in_place")
-    return Kernel(name, k.family, k.source, k.entry.replace(k.name, name).replace(weight_code(fmt), f"LP_FMT_{fmt}"), 0)
+    entry = k.entry.replace(k.name, name).replace(weight_code(fmt), format_header.weight_code(fmt))
+    return Kernel(name, k.family, k.source, entry, 0)
 
 
 def kernel_tile_twin(fmt: str) -> Kernel:
@@ -181,26 +160,12 @@ def make_held(lib: Any, layout: str, blocks: np.ndarray, fmt: str, shape: tuple[
     return out
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op = launch["op"]
-    if op not in OPS:
-        raise CpuMatmulError(f"the CPU matmul family does not implement {op}")
-    args, outs = launch["args"], launch["outs"]
-    x = args[0]
-    residual = op == "matmul_residual"
-    weights = args[1:2] if residual else args[1:]
-    if not 1 <= len(weights) <= 3 or len(outs) != len(weights):
-        raise CpuMatmulError(f"{op}: {len(weights)} weights and {len(outs)} outputs (the kernels take 1 to 3)")
-    checked = [check_weight(ctx, w, op) for w in weights]
-    formats = [f for f, _, _ in checked]
-    rows, k = ctx.shape(x)
-    for (_, _, wk), w in zip(checked, weights):
-        if wk != k:
-            raise CpuMatmulError(f"{op}: weight {w['weight']} has rows of {wk}, the activation {k}")
-    want = ACTIVATION_FORMAT[formats[0].lower()]
-    if ctx.dtype(x) != want:
-        raise CpuMatmulError(f"{op}: a {formats[0]} weight takes {want} activations, not {ctx.dtype(x)}")
-    refs = [x, *(held(w, f) for w, f in zip(weights, formats)), *([args[2]] if residual else []), *outs]
-    return [Launch(kernel(formats, residual), (1,),
-                   refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked]
-                   + [scalar(v) for v in schedule(launch)])]
+def schedule_args(member: str):
+    """The schedule's arguments (SCHEDULE_PARAMS) of a launch's member."""
+    return tuple(i32(name, v) for (_, name), v in zip(SCHEDULE_PARAMS, schedule(member)))
+
+
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.projection(launch, ctx, tuple(FORMATS))
+    return [KernelLaunch(kernel(c.formats, c.residual is not None), (1,),
+                         refs((*c.args(layout), *schedule_args(launch.member))))]

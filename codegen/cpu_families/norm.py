@@ -1,51 +1,31 @@
-"""RMSNorm, RMSNorm + pack, and pack on the CPU (codegen/cpu/norm.h): ops rmsnorm, rmsnorm_pack, pack.
-
-One call per launch, rows split over the pool. Arguments: rmsnorm (x, w, y, rows, k, group, eps);
-rmsnorm_pack (x, w, out, rows, k, eps); pack (x, out, rows, k). Output formats: q8_0, q8_1, q8_k (field
-planes), f16, bf16, f32 values.
-"""
+"""RMSNorm, RMSNorm + pack, and pack on the CPU (codegen/cpu/norm.h): ops rmsnorm, rmsnorm_pack, pack,
+one call per launch, rows split over the pool. Operands and arguments as codegen/operands.py's norm
+contract says, rmsnorm's then its row count. Output formats: every activation format (q8_0, q8_1, q8_k
+as field planes; f16, bf16, f32 values)."""
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.plan_records import Launch
 
-from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, scalar
-
-# fused.cuh's output format codes (LP_OUT_*)
-FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
-BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256}
+from .. import operands
+from ..format_header import act_code
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import declare, i32, refs
 
 
-def out_format(fmt: str, k: int, what: str) -> int:
-    if fmt not in FORMATS:
-        raise BuildError(f"{what}: output format {fmt} is not one of {', '.join(FORMATS)}")
-    if k % BLOCK.get(fmt, 1):
-        raise BuildError(f"{what}: rows of {k} values are not whole {fmt} blocks")
-    return FORMATS[fmt]
-
-
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    x, out = launch["args"][0], launch["outs"][0]
-    rows, k = ctx.shape(x)
+def kernel(op: str, fmt: str) -> Kernel:
+    """rmsnorm (fmt f32), rmsnorm_pack or pack to `fmt`."""
+    params = operands.norm_params(op)
     if op == "rmsnorm":
-        w = launch["args"][1]
-        entry = ("LP_KERNEL void lp_cpu_rmsnorm_f32(const float* x, const float* w, float* y, int rows, int k, "
-                 "int group, float eps) { lp_cpu::rmsnorm(x, w, y, rows, k, group, eps); }")
-        return [Launch(Kernel("lp_cpu_rmsnorm_f32", "rmsnorm", "norm.h", entry, 0), (1,),
-                       [x, w, out, scalar(rows), scalar(k), scalar(ctx.shape(w)[0]), scalar(a["eps"], "f32")])]
-    fmt = a["format"]
-    code = out_format(fmt, k, op)
-    if op == "rmsnorm_pack":
-        name = f"lp_cpu_rmsnorm_pack_{fmt}"
-        entry = (f"LP_KERNEL void {name}(const float* x, const float* w, void* out, int rows, int k, float eps) "
-                 f"{{ lp_cpu::rmsnorm_pack<{code}>(x, w, out, rows, k, eps); }}")
-        return [Launch(Kernel(name, "rmsnorm_pack", "norm.h", entry, 0), (1,),
-                       [x, launch["args"][1], out, scalar(rows), scalar(k), scalar(a["eps"], "f32")])]
-    if op != "pack":
-        raise BuildError(f"norm: no CPU kernel for op {op}")
-    name = f"lp_cpu_pack_{fmt}"
-    entry = (f"LP_KERNEL void {name}(const float* x, void* out, int rows, int k) "
-             f"{{ lp_cpu::pack<{code}>(x, out, rows, k); }}")
-    return [Launch(Kernel(name, "pack", "norm.h", entry, 0), (1,), [x, out, scalar(rows), scalar(k)])]
+        name, params, call = "lp_cpu_rmsnorm_f32", (*params, ("int", "rows")), "rmsnorm(x, w, y, rows, k, group, eps)"
+    elif op == "rmsnorm_pack":
+        name, call = f"lp_cpu_rmsnorm_pack_{fmt}", f"rmsnorm_pack<{act_code(fmt)}>(x, w, out, rows, k, eps)"
+    else:
+        name, call = f"lp_cpu_pack_{fmt}", f"pack<{act_code(fmt)}>(x, out, rows, k)"
+    return Kernel(name, op, "norm.h", f"LP_KERNEL void {name}({declare(params)}) {{ lp_cpu::{call}; }}", 0)
+
+
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.norm(launch, ctx)
+    extra = (i32("rows", c.rows),) if c.op == "rmsnorm" else ()
+    return [KernelLaunch(kernel(c.op, c.fmt), (1,), refs((*c.args, *extra)))]

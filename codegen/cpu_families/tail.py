@@ -8,36 +8,29 @@ reads too), out, rows, k, vocab, eps, task_rows, ahead, cols). Members: the matm
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.plan_records import Launch
 
-from llmplan.core.formats import ACTIVATION_FORMAT
-
-from ..kernel import Context, Kernel, Launch, scalar
-from .matmul import CpuMatmulError, check_weight, held, schedule, weight_code, weight_token
+from .. import operands
+from ..format_header import act_code
+from ..kernel import Context, Kernel, KernelLaunch, scalar
+from ..operands import refs
+from .matmul import held, schedule_args, weight_code, weight_token
 from .matmul import candidates as candidates  # the head is read as a projection weight: the same members
-from .norm import out_format
 
 
 def kernel(fmt: str, k: int) -> Kernel:
     act = ACTIVATION_FORMAT[fmt.lower()]
     name = f"lp_cpu_tail_argmax_{weight_token(fmt)}"
-    code = out_format(act, k, "tail_argmax")
+    operands.pack_format(act, k, "tail_argmax")
     entry = (f"LP_KERNEL void {name}(const float* x, const float* norm, const void* head, int* out, int rows, int k, "
              f"int vocab, float eps, int task_rows, int ahead, int cols) {{ lp_cpu::tail_argmax<{weight_code(fmt)}, "
-             f"{code}>(x, norm, head, out, rows, k, vocab, eps, task_rows, ahead, cols); }}")
+             f"{act_code(act)}>(x, norm, head, out, rows, k, vocab, eps, task_rows, ahead, cols); }}")
     return Kernel(name, "tail_argmax", "tail.h", entry, 0)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "tail_argmax":
-        raise CpuMatmulError(f"the CPU tail family does not implement {launch['op']}")
-    x, norm, head = launch["args"]
-    a = launch["attrs"]
-    fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
-    act = ACTIVATION_FORMAT[fmt.lower()]
-    if a["format"] != act:
-        raise CpuMatmulError(f"tail_argmax: a {fmt} head takes {act} activations, the op packs {a['format']}")
-    rows = ctx.shape(x)[0]
-    return [Launch(kernel(fmt, k), (1,), [x, norm, held(head, fmt), launch["outs"][0], scalar(rows), scalar(k),
-                                          scalar(vocab), scalar(a["eps"], "f32"),
-                                          *(scalar(v) for v in schedule(launch))])]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    t = operands.tail(launch, ctx, tuple(FORMATS))
+    return [KernelLaunch(kernel(t.fmt, t.k), (1,), [t.x, t.norm, held(t.head, t.fmt), t.out, scalar(t.rows),
+                                                  scalar(t.k), scalar(t.vocab), scalar(t.eps, "f32"),
+                                                  *refs(schedule_args(launch.member))])]

@@ -13,21 +13,20 @@ attention_reduce[_pack]: grid (ceil(heads * D / TILE), rows), REDUCE_THREADS thr
 combines TILE outputs of one row over all splits (skipping empty ones) and stores them as f32, or
 packs them (q8_0, q8_1, q8_k through common.cuh's lp_pack_row; f16; bf16) for the output projection.
 
-Kernel arguments: attention_partial(q, cache, seq, pages, pos, part, layer, pages, blocks, kv_heads,
-splits, window, scale); attention_reduce(part, out, rows, heads, d, splits). `pages` (the page
-table's row length), `blocks` (the cache's), `rows` and `splits` are symbols the runtime binds.
+Operands and arguments as codegen/operands.py's attention contract says.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmplan.core.numerics import PAGE
+from llmplan.core.plan_records import Launch, grid_dim
 
+from .. import operands
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..format_header import act_code
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import attention_params, declare, refs
 
-OUT_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4, "f32": 5}
 REDUCE_THREADS = 256
 TILE = 256  # outputs per reduce block: whole q8_0 / q8_1 / q8_k blocks
 MAX_SHARED = 32768  # bytes of static shared memory a partial kernel may use (scores or reduction)
@@ -54,46 +53,27 @@ def partial_kernel(d: int, group: int, chunk: int) -> Kernel:
         raise BuildError(f"attention_partial: {group} heads per K/V head x head_dim {d} x chunk {chunk} need "
                          f"{shared} bytes of shared memory (at most {MAX_SHARED})")
     name = f"lp_attention_partial_d{d}_g{group}_c{chunk}"
-    entry = (f"LP_KERNEL void __launch_bounds__({threads}) {name}(const float* q, const lp_half* cache, "
-             "const int* seq, const int* pages, const int* pos, float* part, int layer, int npages, int blocks, "
-             "int kv_heads, int splits, int window, float scale) { "
+    entry = (f"LP_KERNEL void __launch_bounds__({threads}) {name}({declare(attention_params('attention_partial'))}) {{ "
              f"lp_attention_partial<{d}, {group}, {chunk}, {threads}>(q, cache, seq, pages, pos, part, layer, npages, "
              "blocks, kv_heads, splits, window, scale); }")
     return Kernel(name, "attention_partial", "attention_decode.cu", entry, threads, ("load128",))
 
 
 def reduce_kernel(fmt: str) -> Kernel:
-    """attention_reduce (fmt f32) or attention_reduce_pack to fmt."""
-    if fmt not in OUT_FORMATS:
-        raise BuildError(f"attention_reduce: output format {fmt} is not supported ({', '.join(OUT_FORMATS)})")
+    """attention_reduce (fmt f32) or attention_reduce_pack to fmt (every activation format: fused.cuh
+    lp_store_tile)."""
     name = "lp_attention_reduce_f32" if fmt == "f32" else f"lp_attention_reduce_pack_{fmt}"
-    entry = (f"LP_KERNEL void __launch_bounds__({REDUCE_THREADS}) {name}(const float* part, void* out, int rows, "
-             f"int heads, int d, int splits) {{ lp_attention_reduce<{OUT_FORMATS[fmt]}, {TILE}>(part, out, rows, "
+    params = declare(attention_params("attention_reduce"))
+    entry = (f"LP_KERNEL void __launch_bounds__({REDUCE_THREADS}) {name}({params}) {{ lp_attention_reduce<{act_code(fmt)}, {TILE}>(part, out, rows, "
              "heads, d, splits); }")
     return Kernel(name, "attention_reduce", "attention_decode.cu", entry, REDUCE_THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    if op == "attention_partial":
-        q, cache, seq, pages, pos = launch["args"]
-        part = launch["outs"][0]
-        rows, heads, splits, width = ctx.shape(part)
-        d, kv_heads = width - 2, a["kv_heads"]
-        if heads != a["heads"] or heads % kv_heads or ctx.shape(q)[-1] != heads * d:
-            raise BuildError(f"attention_partial: {heads} heads / {kv_heads} K/V heads of {d} do not fit the query "
-                             f"{ctx.shape(q)}")
-        kernel = partial_kernel(d, heads // kv_heads, a["chunk"])
-        grid = (grid_dim(splits), kv_heads, grid_dim(rows))
-        args = [q, cache, seq, pages, pos, part, scalar(a["layer"]), scalar("pages"), scalar("blocks"),
-                scalar(kv_heads), scalar(splits), scalar(a["window"]), scalar(a["scale"], "f32")]
-        return [Launch(kernel, grid, args)]
-    if op in ("attention_reduce", "attention_reduce_pack"):
-        part, out = launch["args"][0], launch["outs"][0]
-        rows, heads, splits, width = ctx.shape(part)
-        d = width - 2
-        fmt = a["format"] if op == "attention_reduce_pack" else "f32"
-        kernel = reduce_kernel(fmt)
-        grid = (grid_dim(heads * d, TILE), grid_dim(rows))
-        return [Launch(kernel, grid, [part, out, scalar(rows), scalar(heads), scalar(d), scalar(splits)])]
-    raise BuildError(f"attention_decode: no kernel for op {op}")
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.attention(launch, ctx)
+    if c.op == "attention_partial":
+        grid = (grid_dim(c.splits), c.kv_heads, grid_dim(c.rows))
+        return [KernelLaunch(partial_kernel(c.d, c.heads // c.kv_heads, c.chunk), grid, refs(c.args))]
+    if c.op in ("attention_reduce", "attention_reduce_pack"):
+        return [KernelLaunch(reduce_kernel(c.fmt), (grid_dim(c.heads * c.d, TILE), grid_dim(c.rows)), refs(c.args))]
+    raise BuildError(f"attention_decode: no kernel for op {c.op}")

@@ -7,7 +7,7 @@ pages[seq, p // PAGE], offset p % PAGE), query head h reading K/V head h // (hea
 rounded to f16, scores in f32 times scale, softmax weights rounded to f16 where they meet V. Online
 softmax (flash) differs from the twin's softmax over 256-position slices only in rounding order.
 
-Members (`launch["member"]`):
+Members (`launch.member`):
   flash  family "flash_attention", lp_attention_flash_d<D>: f16 matrix cores (mma.sync m16n8k16 on sm_80+,
       WMMA f16 16x16x16 on gfx11), expects "hmma". Head dims 64, 128, 256. A block serves one K/V head
       and BQ = 16 * NW query vectors (BQ // G rows x the G = heads / kv_heads query heads sharing it):
@@ -18,9 +18,8 @@ Members (`launch["member"]`):
       per (row, query head), grid (rows, heads); head dims that are a multiple of the wave width, <= 256.
 Shared memory is static (no dynamic bytes): shared_bytes(member, head_dim, wave).
 
-Arguments: q, cache, seq, pages, pos, out, then scalars rows, heads, kv_heads, pages, blocks (symbols
-bound by the runtime: the page table is [seqs, pages], the cache [layers, 2, blocks, PAGE,
-kv_heads * D]), layer, scale (f32), window.
+Operands and arguments as codegen/operands.py's attention contract says (the page table is [seqs,
+pages], the cache [layers, 2, blocks, PAGE, kv_heads * D]).
 
 Why it is fast: attention over a prefill chunk is compute-bound; the flash member reads each K/V tile
 once for BQ query vectors (all query heads of a GQA group together), keeps the scores in registers and
@@ -29,20 +28,18 @@ runs both products on matrix cores, and its waves skip tiles outside their rows'
 
 from __future__ import annotations
 
-from typing import Any
-
 from llmplan.core.numerics import PAGE
+from llmplan.core.plan_records import Launch, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from .. import operands
+from ..build import BuildError
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import attention_params, declare, refs
 
 SOURCE = "flash_attention.cu"
 FLASH = {64: (4, 64), 128: (4, 32), 256: (2, 16)}  # head dim -> (waves, K/V positions per tile)
 ROWS_THREADS = 128
 MEMBERS = ("flash", "rows")
-
-
-class AttentionError(ValueError):
-    """A launch this family cannot serve; the message says why."""
 
 
 def flash_rows_per_block(head_dim: int, group: int) -> int:
@@ -71,15 +68,14 @@ def shared_bytes(member: str, head_dim: int, wave: int = 32) -> int:
     return 4 * (head_dim + 2 * nwr + nwr * head_dim)
 
 
-_PARAMS = ("const float* q, const lp_half* cache, const int* seq, const int* pages, const int* pos, float* out, "
-           "int rows, int heads, int kv_heads, int npages, int blocks, int layer, float scale, int window")
-_CALL = "q, cache, seq, pages, pos, out, rows, heads, kv_heads, npages, blocks, layer, scale, window"
+_PARAMS = declare(attention_params("attention"))
+_CALL = ", ".join(name for _, name in attention_params("attention"))
 
 
 def kernel(member: str, head_dim: int) -> Kernel:
     if member == "flash":
         if head_dim not in FLASH:
-            raise AttentionError(f"flash attention: head dim {head_dim} (supported: {', '.join(map(str, FLASH))})")
+            raise BuildError(f"flash attention: head dim {head_dim} (supported: {', '.join(map(str, FLASH))})")
         threads = 32 * FLASH[head_dim][0]
         name = f"lp_attention_flash_d{head_dim}"
         entry = (f"LP_KERNEL void __launch_bounds__({threads}) {name}({_PARAMS}) "
@@ -87,54 +83,45 @@ def kernel(member: str, head_dim: int) -> Kernel:
         return Kernel(name, "flash_attention", SOURCE, entry, threads, ("hmma",))
     if member == "rows":
         if head_dim % 32 or head_dim > 256:
-            raise AttentionError(f"row attention: head dim {head_dim} must be a multiple of 32 up to 256")
+            raise BuildError(f"row attention: head dim {head_dim} must be a multiple of 32 up to 256")
         name = f"lp_attention_rows_d{head_dim}"
         entry = (f"LP_KERNEL void __launch_bounds__({ROWS_THREADS}) {name}({_PARAMS}) "
                  f"{{ lp_attention_rows<{head_dim}>({_CALL}); }}")
         return Kernel(name, "attention_rows", SOURCE, entry, ROWS_THREADS)
-    raise AttentionError(f"attention member {member!r} is not one of {', '.join(MEMBERS)}")
+    raise BuildError(f"attention member {member!r} is not one of {', '.join(MEMBERS)}")
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     """The members for this launch's head dim and group, matrix cores first."""
-    a = launch["attrs"]
-    d = ctx.shape(launch["args"][0])[1] // a["heads"]
+    a = launch.attrs
+    d = ctx.shape(launch.args[0])[1] // a["heads"]
     return members(ctx.target, d, a["heads"] // a["kv_heads"])
 
 
 def default_member(target, head_dim: int, group: int) -> str:
     avail = members(target, head_dim, group)
     if not avail:
-        raise AttentionError(f"attention: no member for head dim {head_dim} on {target.name}")
+        raise BuildError(f"attention: no member for head dim {head_dim} on {target.name}")
     return avail[0]
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "attention":
-        raise AttentionError(f"prefill attention: op {launch['op']!r} is not attention")
-    a = launch["attrs"]
-    q, cache, seq, pages, pos = launch["args"]
-    out = launch["outs"][0]
-    rows, width = ctx.shape(q)
-    heads, kv_heads = a["heads"], a["kv_heads"]
-    if heads % kv_heads or width % heads:
-        raise AttentionError(f"attention: heads {heads}/{kv_heads} do not fit a query of width {width}")
-    d, group = width // heads, heads // kv_heads
-    member = launch.get("member")
-    if member is None or member == "numpy":
-        member = default_member(ctx.target, d, group)
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.attention(launch, ctx)
+    if c.op != "attention":
+        raise BuildError(f"prefill attention: op {c.op!r} is not attention")
+    group = c.heads // c.kv_heads
+    member = launch.member
+    if member in ("", "numpy"):
+        member = default_member(ctx.target, c.d, group)
     if member not in MEMBERS:
-        raise AttentionError(f"attention member {member!r} is not one of {', '.join(MEMBERS)}")
-    if member not in members(ctx.target, d, group):
-        raise AttentionError(f"attention member {member!r} has no kernel for head dim {d}, group {group} on "
-                             f"{ctx.target.name}" + (f": {ctx.target.unsupported['flash_attention']}"
-                                                     if member == "flash" and "flash_attention" in
-                                                     ctx.target.unsupported else ""))
-    kern = kernel(member, d)
-    args = [q, cache, seq, pages, pos, out, scalar(rows), scalar(heads), scalar(kv_heads), scalar("pages"),
-            scalar("blocks"), scalar(a["layer"]), scalar(a["scale"], "f32"), scalar(a["window"])]
+        raise BuildError(f"attention member {member!r} is not one of {', '.join(MEMBERS)}")
+    if member not in members(ctx.target, c.d, group):
+        raise BuildError(f"attention member {member!r} has no kernel for head dim {c.d}, group {group} on "
+                         f"{ctx.target.name}" + (f": {ctx.target.unsupported['flash_attention']}"
+                                                 if member == "flash" and "flash_attention" in
+                                                 ctx.target.unsupported else ""))
     if member == "flash":
-        grid = (grid_dim(rows, flash_rows_per_block(d, group)), kv_heads)
+        grid = (grid_dim(c.rows, flash_rows_per_block(c.d, group)), c.kv_heads)
     else:
-        grid = (grid_dim(rows), heads)
-    return [Launch(kern, grid, args)]
+        grid = (grid_dim(c.rows), c.heads)
+    return [KernelLaunch(kernel(member, c.d), grid, refs(c.args))]

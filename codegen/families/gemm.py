@@ -7,7 +7,7 @@ for matmul_segmented, up to three weights, each in its own format), the CPU twin
 (exact) scaled by the weight's and activation's block scales, weight mins through the activation's
 block sums. F16 weights (f16 activations) use f16 matrix cores with f32 accumulators.
 
-Members (`launch["member"]`, grammar `<kind>_<TR>x<TW>[_k<splits>]`):
+Members (`launch.member`, grammar `<kind>_<TR>x<TW>[_k<splits>]`):
   mma_128x128, mma_64x128, mma_64x64  family "gemm_mma": TR activation rows x TW weight rows per block on
       mma.sync m16n8k32 / m16n8k16 s8 (sm_80+) or WMMA iu8 16x16x16 (gfx11); F16 weights on f16 m16n8k16 /
       WMMA f16. expects "imma" ("hmma" for F16). gfx942 declares the family unsupported (no MFMA yet).
@@ -22,8 +22,9 @@ on grid (ceil(sum n_i / 256), rows) with 256 threads. Shared memory is static (n
 opt-in): shared_bytes(member, formats), at most 45.5 KiB (Q2_K at 128x128), under every target's
 default per-block limit (48 KiB CUDA, 64 KiB LDS gfx11/gfx942).
 
-Weights are read in the "planar" relayout ({"weight": name, "layout": "planar"}: core/formats.planes of
-the weight's format with rows = n, k = in features), activations in the arena's field planes.
+Operands and arguments as codegen/operands.py's projection contract says, then, for a split launch, the
+workspace and the split count; weights are read in the "planar" relayout (core/formats.planes of the
+weight's format with rows = n, k = in features), activations in the arena's field planes.
 
 The workspace of a split launch is not a value of the graph: it is a scratch reference (codegen/kernel.py
 scratch) {"scratch": "gemm_splitk", "dtype": "f32", "shape": [S, rows, sum n_i]}, the same dict in both
@@ -40,27 +41,37 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.plan_records import Launch, Ref, Weight, grid_dim
+
+from .. import operands
+from ..build import BuildError
+from ..format_header import weight_code
+from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
+from ..operands import declare, projection_params, refs
+from . import matvec
 
 SOURCE = "gemm.cu"
-LAYOUT = "planar"
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
+SPLIT_PARAMS = (("float*", "ws"), ("int", "splits"))
 
-# weight format -> (code in gemm.cu, values per block, values per integer sub-sum, has a min, activation)
-WEIGHT_FORMATS: dict[str, tuple[int, int, int, bool, str]] = {
-    "f16": (0, 1, 1, False, "f16"),
-    "q4_0": (1, 32, 32, False, "q8_0"),
-    "q4_1": (2, 32, 32, True, "q8_1"),
-    "q5_0": (3, 32, 32, False, "q8_0"),
-    "q5_1": (4, 32, 32, True, "q8_1"),
-    "q8_0": (5, 32, 32, False, "q8_0"),
-    "q2_k": (6, 256, 16, True, "q8_k"),
-    "q3_k": (7, 256, 16, False, "q8_k"),
-    "q4_k": (8, 256, 32, True, "q8_k"),
-    "q5_k": (9, 256, 32, True, "q8_k"),
-    "q6_k": (10, 256, 16, False, "q8_k"),
+
+class WeightFormat(NamedTuple):
+    """What the tiles take from core/formats.py for a weight format."""
+
+    code: str  # formats.h
+    block: int  # values per block
+    sub: int  # values per integer sub-sum (per scale)
+    has_min: bool
+    act: str  # the activation format
+
+
+# the weight formats the tiles read: the mat-vec's (no f32 / bf16 tiles are written)
+WEIGHT_FORMATS: dict[str, WeightFormat] = {
+    name.lower(): WeightFormat(weight_code(name), FORMATS[name].block, FORMATS[name].sub, FORMATS[name].has_min,
+                               ACTIVATION_FORMAT[name.lower()])
+    for name in matvec.FORMATS
 }
 
 FIXUP_THREADS = 256
@@ -91,18 +102,14 @@ MEMBERS: dict[str, Member] = {m.name: m for m in [
     Member("mma", 128, 128), Member("mma", 64, 128), Member("mma", 64, 64), Member("dot4", 64, 64)]}
 
 
-class GemmError(ValueError):
-    """A launch this family cannot serve (format, shape or member); the message says which."""
-
-
 def parse_member(member: str) -> tuple[Member, int]:
     """'mma_128x128_k4' -> (MEMBERS['mma_128x128'], 4); no suffix means no split."""
     m = re.fullmatch(r"((?:mma|dot4)_\d+x\d+)(?:_k(\d+))?", member)
     if not m or m.group(1) not in MEMBERS:
-        raise GemmError(f"gemm member {member!r} is not one of {', '.join(MEMBERS)} (optionally _k<splits>)")
+        raise BuildError(f"gemm member {member!r} is not one of {', '.join(MEMBERS)} (optionally _k<splits>)")
     splits = int(m.group(2) or 1)
     if splits < 1:
-        raise GemmError(f"gemm member {member!r}: splits must be at least 1")
+        raise BuildError(f"gemm member {member!r}: splits must be at least 1")
     return MEMBERS[m.group(1)], splits
 
 
@@ -111,11 +118,11 @@ def members(target) -> list[str]:
     return [n for n, m in MEMBERS.items() if m.family not in target.unsupported]
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     """Every member the target builds, in the heuristic's order (largest tile first), each split over k
     until its blocks cover the device's multiprocessors once: a prefill chunk is short, so a 128x128 tile
     over a 4096-wide projection of 256 rows makes only 64 blocks for an H100's 132."""
-    x, weights = launch["args"][0], _weights(launch)
+    x, weights = launch.args[0], _weights(launch)
     rows, k = ctx.bound(ctx.shape(x)[0]), ctx.shape(x)[1]
     ns = [ctx.shape(w)[0] for w in weights]
     out = []
@@ -127,9 +134,9 @@ def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
     return out
 
 
-def _weights(launch: dict[str, Any]) -> list[dict[str, Any]]:
-    args = launch["args"]
-    return list(args[1:]) if launch["op"] == "matmul_segmented" else [args[1]]
+def _weights(launch: Launch) -> list[Weight]:
+    args = launch.args
+    return list(args[1:]) if launch.op == "matmul_segmented" else [args[1]]
 
 
 def default_member(target) -> str:
@@ -143,8 +150,8 @@ def shared_bytes(member: str | Member, formats: list[str] | tuple[str, ...]) -> 
     m = member if isinstance(member, Member) else parse_member(member)[0]
     out = 0
     for fmt in formats:
-        _, _, sb, has_min, act = WEIGHT_FORMATS[fmt]
-        nsb = 0 if act == "f16" else 128 // sb
+        _, _, sub, has_min, act = WEIGHT_FORMATS[fmt]
+        nsb = 0 if act == "f16" else 128 // sub
         nxd = 0 if act == "f16" else (1 if act == "q8_k" else 4)
         b = (m.cols + m.rows) * 128 + m.cols * nsb * 4 * (2 if has_min else 1) + m.rows * nxd * 4
         b += m.rows * nsb * 4 if has_min else 0
@@ -153,38 +160,22 @@ def shared_bytes(member: str | Member, formats: list[str] | tuple[str, ...]) -> 
 
 
 def kernel(member: str | Member, formats: tuple[str, ...], residual: bool = False, split: bool = False) -> Kernel:
-    """The GEMM kernel for segment weight formats `formats` (1 to 3, one activation format)."""
+    """The GEMM kernel for segment weight formats `formats` (1 to 3, one activation format: the contract's
+    check)."""
     m = member if isinstance(member, Member) else parse_member(member)[0]
-    if not 1 <= len(formats) <= 3:
-        raise GemmError(f"gemm: {len(formats)} segments (1 to 3 supported)")
-    for f in formats:
-        if f not in WEIGHT_FORMATS:
-            raise GemmError(f"gemm: weight format {f} is not supported (supported: {', '.join(WEIGHT_FORMATS)})")
-    acts = {WEIGHT_FORMATS[f][4] for f in formats}
-    if len(acts) != 1:
-        raise GemmError(f"gemm: segments {'/'.join(formats)} take different activation formats")
-    if residual and len(formats) != 1:
-        raise GemmError("gemm: a residual epilogue takes one segment")
-    codes = [WEIGHT_FORMATS[f][0] for f in formats]
+    assert 1 <= len(formats) <= 3 and not (residual and len(formats) > 1)
+    codes = [WEIGHT_FORMATS[f].code for f in formats]
     codes += [codes[0]] * (3 - len(codes))
     name = f"lp_gemm_{m.name}_{'_'.join(formats)}_res{int(residual)}{'_sk' if split else ''}"
-    params, call = ["const void* x", "int rows", "int k"], ["x", "rows", "k"]
+    call = ["x", "rows", "k"]
     for i in range(3):
-        if i < len(formats):
-            params += [f"const void* w{i}", f"int n{i}", f"float* o{i}"]
-            call += [f"w{i}", f"n{i}", f"o{i}"]
-        else:
-            call += ["nullptr", "0", "nullptr"]
-    if residual:
-        params.append("const float* r")
-    call.append("r" if residual else "nullptr")
-    if split:
-        params += ["float* ws", "int splits"]
-    call += ["ws", "splits"] if split else ["nullptr", "1"]
+        call += [f"w{i}", f"n{i}", f"y{i}"] if i < len(formats) else ["nullptr", "0", "nullptr"]
+    call += ["r" if residual else "nullptr", *(["ws", "splits"] if split else ["nullptr", "1"])]
+    params = declare((*projection_params(len(formats), residual), *(SPLIT_PARAMS if split else ())))
     targs = [m.rows, m.cols, 0 if m.kind == "mma" else 1, *codes, len(formats), int(residual), int(split)]
-    entry = (f"LP_KERNEL void __launch_bounds__({m.threads}) {name}({', '.join(params)}) "
+    entry = (f"LP_KERNEL void __launch_bounds__({m.threads}) {name}({params}) "
              f"{{ lp_gemm<{', '.join(map(str, targs))}>({', '.join(call)}); }}")
-    f16 = acts == {"f16"}
+    f16 = WEIGHT_FORMATS[formats[0]].act == "f16"
     expects = (("hmma",) if f16 else ("imma",)) if m.kind == "mma" else (() if f16 else ("dot4",))
     return Kernel(name, m.family, SOURCE, entry, m.threads, expects)
 
@@ -207,59 +198,26 @@ def fixup_kernel(segments: int, residual: bool) -> Kernel:
     return Kernel(name, "gemm_fixup", SOURCE, entry, FIXUP_THREADS)
 
 
-def _check_shapes(ctx: Context, x: dict[str, Any], weights: list[dict[str, Any]]) -> tuple[tuple[str, ...], int]:
-    formats = tuple(ctx.dtype(w) for w in weights)
-    k = ctx.shape(x)[1]
-    for w, f in zip(weights, formats):
-        if f not in WEIGHT_FORMATS:
-            raise GemmError(f"gemm: weight {w['weight']} format {f} is not supported "
-                            f"(supported: {', '.join(WEIGHT_FORMATS)})")
-        if ctx.shape(w)[1] != k:
-            raise GemmError(f"gemm: weight {w['weight']} has {ctx.shape(w)[1]} inputs, the activation {k}")
-        block, act = WEIGHT_FORMATS[f][1], WEIGHT_FORMATS[f][4]
-        if ctx.dtype(x) != act:
-            raise GemmError(f"gemm: a {f} weight takes {act} activations, got {ctx.dtype(x)}")
-        if k % (8 if f == "f16" else block):
-            raise GemmError(f"gemm: k = {k} is not a multiple of {f}'s {8 if f == 'f16' else block}-value blocks")
-    return formats, k
-
-
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op = launch["op"]
-    if op not in OPS:
-        raise GemmError(f"gemm: op {op!r} is not a projection")
-    member = launch.get("member")
-    if member is None or member == "numpy":
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.projection(launch, ctx, matvec.FORMATS, matvec.piece)
+    member = launch.member
+    if member in ("", "numpy"):
         member = default_member(ctx.target)
     m, splits = parse_member(member)
     if m.family in ctx.target.unsupported:
-        raise GemmError(f"gemm member {m.name} has no kernel for {ctx.target.name}: "
-                        f"{ctx.target.unsupported[m.family]}")
-    args_in = launch["args"]
-    x = args_in[0]
-    residual = op == "matmul_residual"
-    weights = _weights(launch)
-    outs = list(launch["outs"])
-    formats, k = _check_shapes(ctx, x, weights)
-    rows = ctx.shape(x)[0]
-    ns = [ctx.shape(w)[0] for w in weights]
-    split = splits > 1
-    kern = kernel(m, formats, residual, split)
-    args: list[dict[str, Any]] = [x, scalar(rows), scalar(k)]
-    for w, n, o in zip(weights, ns, outs):
-        args += [{"weight": w["weight"], "layout": LAYOUT}, scalar(n), o]
-    if residual:
-        args.append(args_in[2])
-    grid = (sum(grid_dim(n, m.cols) for n in ns), grid_dim(rows, m.rows), splits)
-    if not split:
-        return [Launch(kern, grid, args)]
-    ws = scratch("gemm_splitk", "f32", [splits, rows, sum(ns)])
-    args += [ws, scalar(splits)]
-    fix_args: list[dict[str, Any]] = [ws, scalar(splits), scalar(rows)]
-    for n, o in zip(ns, outs):
+        raise BuildError(f"gemm member {m.name} has no kernel for {ctx.target.name}: "
+                         f"{ctx.target.unsupported[m.family]}")
+    residual = c.residual is not None
+    kern = kernel(m, tuple(f.lower() for f in c.formats), residual, splits > 1)
+    args = refs(c.args(lambda fmt: "planar"))
+    grid = (sum(grid_dim(n, m.cols) for n in c.ns), grid_dim(c.rows, m.rows), splits)
+    if splits == 1:
+        return [KernelLaunch(kern, grid, args)]
+    ws = scratch("gemm_splitk", "f32", [splits, c.rows, sum(c.ns)])
+    fix_args: list[Ref] = [ws, scalar(splits), scalar(c.rows)]
+    for n, o in zip(c.ns, c.outs):
         fix_args += [o, scalar(n)]
-    if residual:
-        fix_args.append(args_in[2])
-    fix = fixup_kernel(len(weights), residual)
-    return [Launch(kern, grid, args),
-            Launch(fix, (grid_dim(sum(ns), FIXUP_THREADS), grid_dim(rows)), fix_args)]
+    fix_args += [c.residual] if residual else []
+    fix = fixup_kernel(len(c.ns), residual)
+    return [KernelLaunch(kern, grid, [*args, ws, scalar(splits)]),
+            KernelLaunch(fix, (grid_dim(sum(c.ns), FIXUP_THREADS), grid_dim(c.rows)), fix_args)]

@@ -1,49 +1,39 @@
-"""GLU + pack (codegen/kernels/glu.cu): op glu_pack, out = pack[format](act(gate) * up).
+"""GLU + pack (codegen/kernels/glu.cu): op glu_pack, out = pack[format](act(gate) * up); operands and
+arguments as codegen/operands.py's glu contract says (rows is the step's row count: the packed planes'
+layout depends on it, as in norm.py).
 
 Grid (ceil(k / TILE), rows), THREADS threads: each block computes TILE consecutive values of one row
 (act silu or gelu_tanh through lp_exp, float32) and stores them packed (q8_0, q8_1, q8_k with
 common.cuh's rounding, on the tile's slice of the field planes) or as f16 / bf16. Tiling the row
 spreads a single decode row (k = 14336 for Llama-3-8B: 28 blocks) over the GPU; the kernel reads gate
 and up once and writes the packed row once, which is all its memory traffic.
-
-Kernel arguments: (gate, up, out, rows, k); rows is the step's row count (the packed planes' layout
-depends on it, as in norm.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.formats import PACK_BLOCK
+from llmplan.core.plan_records import Launch, grid_dim
 
+from .. import operands
 from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from ..format_header import act_code
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import GLU_ACTS, GLU_PARAMS, declare, refs
 
 THREADS = 64
 TILE = 512  # values per block: whole q8_0 / q8_1 / q8_k blocks; q8_k: one 256-block per 32-thread group
-ACTS = {"silu": 0, "gelu_tanh": 1}
-FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2, "f16": 3, "bf16": 4}
-BLOCK = {"q8_0": 32, "q8_1": 32, "q8_k": 256, "f16": 1, "bf16": 1}
+FORMATS = tuple(PACK_BLOCK)  # the pack formats
 
 
 def kernel(act: str, fmt: str) -> Kernel:
-    if act not in ACTS:
-        raise BuildError(f"glu_pack: activation {act!r} is not one of {', '.join(ACTS)}")
     if fmt not in FORMATS:
         raise BuildError(f"glu_pack: output format {fmt} is not one of {', '.join(FORMATS)}")
     name = f"lp_glu_pack_{act}_{fmt}"
-    entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* gate, const float* up, void* out, "
-             f"int rows, int k) {{ lp_glu_pack<{ACTS[act]}, {FORMATS[fmt]}, {TILE}>(gate, up, out, rows, k); }}")
+    entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({declare(GLU_PARAMS)}) "
+             f"{{ lp_glu_pack<{GLU_ACTS[act]}, {act_code(fmt)}, {TILE}>(gate, up, out, rows, k); }}")
     return Kernel(name, "glu_pack", "glu.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    if op != "glu_pack":
-        raise BuildError(f"glu: no kernel for op {op}")
-    gate, up = launch["args"]
-    out = launch["outs"][0]
-    rows, k = ctx.shape(gate)
-    fmt = a["format"]
-    if fmt in BLOCK and k % BLOCK[fmt]:
-        raise BuildError(f"glu_pack: rows of {k} values are not whole {fmt} blocks")
-    return [Launch(kernel(a["act"], fmt), (grid_dim(k, TILE), grid_dim(rows)),
-                   [gate, up, out, scalar(rows), scalar(k)])]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.glu(launch, ctx)
+    return [KernelLaunch(kernel(c.act, c.fmt), (grid_dim(c.k, TILE), grid_dim(c.rows)), refs(c.args))]

@@ -12,10 +12,8 @@ Members: "c1".."c8", the activation columns one pass serves (C). The planner pic
 without one gets C = its row count when that is a number (capped at 8), else MAX_COLUMNS: one pass
 over the weights for any batched decode step up to 8 sequences.
 
-Launch arguments, in order: x, the weights ({"weight": name, "layout": "planar"}: the kernel computes
-the planes of core/formats.planes(FORMATS[fmt], rows=out, k=in) itself), the residual r
-(matmul_residual), the outputs, then rows (the activation's row count, usually the symbol "rows"), k,
-and each weight's out rows.
+Operands and arguments as codegen/operands.py's projection contract says, the weights in the "planar"
+relayout (the kernel computes the planes of core/formats.planes(FORMATS[fmt], rows=out, k=in) itself).
 """
 
 from __future__ import annotations
@@ -23,52 +21,39 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core import formats as core_formats
+from llmplan.core.plan_records import Launch, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from .. import operands
+from ..format_header import weight_code
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import declare, projection_params, refs
 
-# weight formats the kernels read, and the activation format each takes (ir/ops.py ACTIVATION_FORMAT)
-FORMATS = ("F16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-BLOCK_VALUES = {"F16": 8, "Q4_0": 32, "Q4_1": 32, "Q5_0": 32, "Q5_1": 32, "Q8_0": 32,
-                "Q2_K": 256, "Q3_K": 256, "Q4_K": 256, "Q5_K": 256, "Q6_K": 256}  # k must be a multiple
+# weight formats the kernels read (quant.cuh has no dot product for F32 and BF16), each taking the
+# activation format of core/formats.py ACTIVATION_FORMAT
+FORMATS = tuple(f for f in core_formats.FORMATS if f not in ("F32", "BF16"))
+F16_PIECE = 8  # F16 rows are read 8 values (16 bytes) at a time: their length must be a multiple
 WAVES = 4  # waves per block
 MAX_COLUMNS = 8
 MEMBERS = tuple(f"c{c}" for c in range(1, MAX_COLUMNS + 1))
-OPS = ("matmul", "matmul_segmented", "matmul_residual")
 
 
-class MatvecError(ValueError):
-    """A launch this family cannot serve (format, shape); the message names the weight."""
+def piece(fmt: str) -> int:
+    """The values a row's length must be a multiple of: whole blocks, F16_PIECE for F16."""
+    return F16_PIECE if fmt == "F16" else core_formats.FORMATS[fmt].block
 
 
-def planar(ref: dict[str, Any]) -> dict[str, Any]:
-    """The reference to the planar relayout of a weight (core/formats.planes)."""
-    return {"weight": ref["weight"], "layout": "planar"}
-
-
-def check_weight(ctx: Context, ref: dict[str, Any], what: str = "mat-vec") -> tuple[str, int, int]:
-    """(format, out rows, in) of a weight the kernels can read, else MatvecError."""
-    fmt = ctx.weights[ref["weight"]][0].upper()
-    n, k = ctx.shape(ref)
-    if fmt not in FORMATS:
-        raise MatvecError(f"{what}: weight {ref['weight']} is {fmt}; the kernels read {', '.join(FORMATS)}")
-    if k % BLOCK_VALUES[fmt]:
-        raise MatvecError(f"{what}: weight {ref['weight']} ({fmt}) has rows of {k}, not a multiple of "
-                          f"{BLOCK_VALUES[fmt]}")
-    return fmt, n, k
-
-
-def columns(launch: dict[str, Any], rows: int | str) -> int:
+def columns(member: str, rows: int | str) -> int:
     """C, the activation columns one pass serves: the member's, else as the module docstring says."""
-    m = re.fullmatch(r"c([1-8])", str(launch.get("member", "")))
+    m = re.fullmatch(r"c([1-8])", member)
     if m:
         return int(m.group(1))
     return max(1, min(rows, MAX_COLUMNS)) if isinstance(rows, int) else MAX_COLUMNS
 
 
-def candidates(launch: dict[str, Any], ctx: Context) -> list[str]:
+def candidates(launch: Launch, ctx: Context) -> list[str]:
     """One pass over the weights serves every row the phase can have (up to MAX_COLUMNS)."""
-    return [f"c{max(1, min(ctx.bound(ctx.shape(launch['args'][0])[0]), MAX_COLUMNS))}"]
+    return [f"c{max(1, min(ctx.bound(ctx.shape(launch.args[0])[0]), MAX_COLUMNS))}"]
 
 
 def launch_bounds(threads: int, target: Any) -> str:
@@ -80,53 +65,30 @@ def launch_bounds(threads: int, target: Any) -> str:
     return f"__launch_bounds__({threads}, 1)" if target.nvidia else f"__launch_bounds__({threads})"
 
 
-def kernel(formats: list[str], residual: bool, c: int, target: Any) -> Kernel:
-    """The kernel for these segment formats, epilogue and column count, on this target."""
+def kernel(formats: tuple[str, ...], residual: bool, c: int, target: Any) -> Kernel:
+    """The kernel for these segment formats (one activation format: the contract's check), epilogue and
+    column count, on this target."""
     nseg = len(formats)
     assert 1 <= nseg <= 3 and 1 <= c <= MAX_COLUMNS and not (residual and nseg > 1)
-    acts = {ACTIVATION_FORMAT[f.lower()] for f in formats}
-    if len(acts) != 1:
-        raise MatvecError(f"segments {'/'.join(formats)} take different activations ({', '.join(sorted(acts))})")
     fmts = "_".join(f.lower() for f in (formats if len(set(formats)) > 1 else formats[:1]))
     name = f"lp_matvec_{fmts}_seg{nseg}_res{int(residual)}_c{c}"
     threads = WAVES * target.wave
     ws = [f"w{i}" for i in range(nseg)]
     ys = [f"y{i}" for i in range(nseg)]
-    params = (["const void* x"] + [f"const void* {w}" for w in ws] + (["const float* r"] if residual else [])
-              + [f"float* {y}" for y in ys] + ["int rows", "int k"] + [f"int n{i}" for i in range(nseg)])
     pad = lambda xs, none: ", ".join(xs + [none] * (3 - len(xs)))  # noqa: E731
-    codes = pad([f"LP_FMT_{f}" for f in formats], "0")
+    codes = pad([weight_code(f) for f in formats], "0")
     ns = pad([f"n{i}" for i in range(nseg)], "0")
     call = (f"lp_matvec<{codes}, {nseg}, {'true' if residual else 'false'}, {c}>(x, {pad(ws, 'nullptr')}, "
             f"{pad(ys, 'nullptr')}, {'r' if residual else 'nullptr'}, rows, k, {ns})")
-    entry = f"LP_KERNEL void {launch_bounds(threads, target)} {name}({', '.join(params)}) {{ {call}; }}"
+    params = declare(projection_params(nseg, residual))
+    entry = f"LP_KERNEL void {launch_bounds(threads, target)} {name}({params}) {{ {call}; }}"
     quantized = any(f != "F16" for f in formats)
     return Kernel(name, "matmul", "matvec.cu", entry, threads,
                   ("dot4", "load128") if quantized else ("load128",))
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op = launch["op"]
-    if op not in OPS:
-        raise MatvecError(f"the mat-vec family does not implement {op}")
-    args, outs = launch["args"], launch["outs"]
-    x = args[0]
-    residual = op == "matmul_residual"
-    weights = args[1:2] if residual else args[1:]
-    if not 1 <= len(weights) <= 3 or len(outs) != len(weights):
-        raise MatvecError(f"{op}: {len(weights)} weights and {len(outs)} outputs (the kernels take 1 to 3)")
-    checked = [check_weight(ctx, w) for w in weights]
-    formats = [f for f, _, _ in checked]
-    rows, k = ctx.shape(x)
-    for (fmt, _, wk), w in zip(checked, weights):
-        if wk != k:
-            raise MatvecError(f"{op}: weight {w['weight']} has rows of {wk}, the activation {k}")
-    want = ACTIVATION_FORMAT[formats[0].lower()]
-    if ctx.dtype(x) != want:
-        raise MatvecError(f"{op}: a {formats[0]} weight takes {want} activations, not {ctx.dtype(x)}")
-    c = columns(launch, rows)
-    kern = kernel(formats, residual, c, ctx.target)
-    total = sum(n for _, n, _ in checked)
-    refs = [x, *(planar(w) for w in weights), *([args[2]] if residual else []), *outs]
-    return [Launch(kern, (grid_dim(total, WAVES), grid_dim(rows, c)),
-                   refs + [scalar(rows), scalar(k)] + [scalar(n) for _, n, _ in checked])]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.projection(launch, ctx, FORMATS, piece)
+    kern = kernel(c.formats, c.residual is not None, columns(launch.member, c.rows), ctx.target)
+    grid = (grid_dim(sum(c.ns), WAVES), grid_dim(c.rows, columns(launch.member, c.rows)))
+    return [KernelLaunch(kern, grid, refs(c.args(lambda fmt: "planar")))]

@@ -1,37 +1,36 @@
-"""RMSNorm, RMSNorm + pack, and pack (codegen/kernels/norm.cu): one block per row."""
+"""RMSNorm, RMSNorm + pack, and pack (codegen/kernels/norm.cu): one block per row; operands and arguments
+as codegen/operands.py's norm contract says. Packing writes the 8-bit block formats only here."""
 
 from __future__ import annotations
 
-from typing import Any
+from llmplan.core.formats import ACTIVATION_FORMATS
+from llmplan.core.plan_records import Launch, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from .. import operands
+from ..build import BuildError
+from ..format_header import act_code
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import declare, refs
 
-PACK_FORMATS = {"q8_0": 0, "q8_1": 1, "q8_k": 2}
+PACK_FORMATS = tuple(f.lower() for f in ACTIVATION_FORMATS)  # the 8-bit block formats (common.cuh lp_pack_row)
 THREADS = 256
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    x, out = launch["args"][0], launch["outs"][0]
-    rows, k = ctx.shape(x)
-    grid = (grid_dim(rows),)
+def kernel(op: str, fmt: str) -> Kernel:
+    """rmsnorm (fmt f32), rmsnorm_pack or pack to `fmt`."""
+    params = declare(operands.norm_params(op))
     if op == "rmsnorm":
-        w = launch["args"][1]
-        name = "lp_rmsnorm_f32"
-        entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, const float* w, float* y, "
-                 "int k, int group, float eps) { lp_rmsnorm(x, w, y, k, group, eps); }")
-        return [Launch(Kernel(name, "rmsnorm", "norm.cu", entry, THREADS), grid,
-                       [x, w, out, scalar(k), scalar(ctx.shape(w)[0]), scalar(a["eps"], "f32")])]
-    fmt = a["format"]
-    code = PACK_FORMATS[fmt]
-    if op == "rmsnorm_pack":
-        w = launch["args"][1]
-        name = f"lp_rmsnorm_pack_{fmt}"
-        entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, const float* w, void* out, "
-                 f"int rows, int k, float eps) {{ lp_rmsnorm_pack<{code}>(x, w, out, rows, k, eps); }}")
-        return [Launch(Kernel(name, "rmsnorm_pack", "norm.cu", entry, THREADS), grid,
-                       [x, w, out, scalar(rows), scalar(k), scalar(a["eps"], "f32")])]
-    name = f"lp_pack_{fmt}"
-    entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}(const float* x, void* out, int rows, int k) "
-             f"{{ lp_pack<{code}>(x, out, rows, k); }}")
-    return [Launch(Kernel(name, "pack", "norm.cu", entry, THREADS), grid, [x, out, scalar(rows), scalar(k)])]
+        name, call = "lp_rmsnorm_f32", "lp_rmsnorm(x, w, y, k, group, eps)"
+    elif fmt not in PACK_FORMATS:
+        raise BuildError(f"{op}: pack format {fmt} is not one of {', '.join(PACK_FORMATS)}")
+    elif op == "rmsnorm_pack":
+        name, call = f"lp_rmsnorm_pack_{fmt}", f"lp_rmsnorm_pack<{act_code(fmt)}>(x, w, out, rows, k, eps)"
+    else:
+        name, call = f"lp_pack_{fmt}", f"lp_pack<{act_code(fmt)}>(x, out, rows, k)"
+    entry = f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({params}) {{ {call}; }}"
+    return Kernel(name, op, "norm.cu", entry, THREADS)
+
+
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.norm(launch, ctx)
+    return [KernelLaunch(kernel(c.op, c.fmt), (grid_dim(c.rows),), refs(c.args))]

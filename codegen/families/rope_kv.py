@@ -27,22 +27,20 @@ and <= 4 ulps), so rope_kv is in the exact-arithmetic class (NMSE < 1e-7). About
 are bit-equal to the twin's. Keys reach the cache as f16, where an ulp-level difference can flip a
 rounding (rarely: within one f16 ulp).
 
-Kernel arguments: (q, k, v, pos, seq, pages, cache, table, [q_norm, k_norm,] q_out, heads, kv_heads, d,
-dims, layer, pages, blocks[, eps]); the symbols `pages` (the page table's row length) and `blocks` (the
-cache's blocks) are bound by the runtime.
+Operands and arguments as codegen/operands.py's rope_kv contract says.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from ..build import BuildError
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar
+from llmplan.core.plan_records import Launch, grid_dim
+
+from .. import operands
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import ROPE_MODES, declare, refs, rope_kv_params
 
 THREADS = 64
-MODES = {"norm": 0, "neox": 1}
 
 
 def rope_f32(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, mode: str, table: np.ndarray) -> np.ndarray:
@@ -59,51 +57,15 @@ def rope_f32(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, mode: str, t
     return out.reshape(x.shape)
 
 
-def table_ref(attrs: dict[str, Any], factors: str | None) -> dict[str, Any]:
-    return {"rope_table": {"base": attrs["base"], "scale": attrs["scale"], "dims": attrs["dims"],
-                           "factors": factors, "positions": "ctx"}}
-
-
 def kernel(mode: str, norm: bool) -> Kernel:
-    if mode not in MODES:
-        raise BuildError(f"rope_kv: rotation mode {mode!r} is not one of {', '.join(MODES)}")
     name = f"lp_{'norm_' if norm else ''}rope_kv_{mode}"
-    ptrs = ("const float* q, const float* k, const float* v, const int* pos, const int* seq, const int* pages, "
-            "lp_half* cache, const float* table, ")
-    sizes = "int heads, int kv_heads, int d, int dims, int layer, int npages, int blocks"
-    if norm:
-        params = f"{ptrs}const float* q_norm, const float* k_norm, float* q_out, {sizes}, float eps"
-        call = "table, q_norm, k_norm, q_out, heads, kv_heads, d, dims, layer, npages, blocks, eps"
-    else:
-        params = f"{ptrs}float* q_out, {sizes}"
-        call = "table, nullptr, nullptr, q_out, heads, kv_heads, d, dims, layer, npages, blocks, 0.0f"
-    entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({params}) "
-             f"{{ lp_rope_kv<{MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, pos, seq, pages, cache, "
-             f"{call}); }}")
+    norms = "q_norm, k_norm" if norm else "nullptr, nullptr"
+    call = (f"lp_rope_kv<{ROPE_MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, pos, seq, pages, cache, table, "
+            f"{norms}, q_out, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
+    entry = f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({declare(rope_kv_params(norm))}) {{ {call}; }}"
     return Kernel(name, "rope_kv", "rope_kv.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    op, a = launch["op"], launch["attrs"]
-    if op not in ("rope_kv", "norm_rope_kv"):
-        raise BuildError(f"rope_kv: no kernel for op {op}")
-    q, k, v, pos, seq, pages, cache = launch["args"][:7]
-    extra = launch["args"][7:]
-    q_out = launch["outs"][0]
-    rows, width = ctx.shape(q)
-    heads, kv_heads, dims = a["heads"], a["kv_heads"], a["dims"]
-    d = width // heads
-    if width % heads or dims % 2 or not 0 < dims <= d:
-        raise BuildError(f"rope_kv: {heads} heads of {width} features cannot rotate {dims} dims")
-    norm = op == "norm_rope_kv"
-    factors = None if norm or not extra else extra[0]["weight"]
-    args = [q, k, v, pos, seq, pages, cache, table_ref(a, factors)]
-    if norm:
-        if ctx.shape(extra[0])[0] != d or ctx.shape(extra[1])[0] != d:
-            raise BuildError(f"norm_rope_kv: q/k norm weights must have head_dim {d} values")
-        args += [extra[0], extra[1]]
-    args += [q_out, scalar(heads), scalar(kv_heads), scalar(d), scalar(dims), scalar(a["layer"]), scalar("pages"),
-             scalar("blocks")]
-    if norm:
-        args.append(scalar(a["eps"], "f32"))
-    return [Launch(kernel(a["mode"], norm), (heads + kv_heads, grid_dim(rows)), args)]
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.rope_kv(launch, ctx)
+    return [KernelLaunch(kernel(c.mode, c.norm), (c.heads + c.kv_heads, grid_dim(c.rows)), refs(c.args))]

@@ -24,17 +24,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.formats import ACTIVATION_FORMAT, ACTIVATIONS
+from llmplan.core.plan_records import Launch, Weight, grid_dim
 
-from ..kernel import Context, Kernel, Launch, grid_dim, scalar, scratch
-from .matvec import MatvecError, check_weight, columns, launch_bounds
+from .. import operands
+from ..format_header import act_code, weight_code
+from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
+from .matvec import FORMATS, columns, launch_bounds, piece
 from .matvec import candidates as candidates  # the head is read as a mat-vec weight: the same column rule
 
 THREADS = 256
 WAVES = 4  # waves per block of launch 2, as the mat-vec
 SLICE = 64  # vocabulary rows per block of launch 2: ~2000 blocks for a 128K vocabulary (enough waves to
 # keep the head streaming), while the pairs scratch stays 1/64 of the logits
-ACT_CODES = {"q8_0": "LP_ACT_Q8_0", "q8_1": "LP_ACT_Q8_1", "q8_k": "LP_ACT_Q8_K", "f16": "LP_ACT_F16"}
+# the activations the heads take (as the mat-vec's weights) -> their codes
+ACT_CODES = {a: act_code(a) for a in ACTIVATIONS if a in {ACTIVATION_FORMAT[f.lower()] for f in FORMATS}}
 REDUCE = "lp_tail_argmax_reduce"
 
 
@@ -50,7 +54,7 @@ def logits_kernel(fmt: str, c: int, target: Any) -> Kernel:
     threads = WAVES * target.wave
     entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* x, const void* head, LpBest* part, "
              f"int rows, int k, int vocab, int slice) "
-             f"{{ lp_tail_logits<LP_FMT_{fmt}, {c}>(x, head, part, rows, k, vocab, slice); }}")
+             f"{{ lp_tail_logits<{weight_code(fmt)}, {c}>(x, head, part, rows, k, vocab, slice); }}")
     expects = ("dot4", "load128") if fmt != "F16" else ("load128",)
     return Kernel(name, "tail_argmax", "tail.cu", entry, threads, expects)
 
@@ -61,26 +65,17 @@ def reduce_kernel() -> Kernel:
     return Kernel(REDUCE, "tail_argmax", "tail.cu", entry, THREADS)
 
 
-def launches(launch: dict[str, Any], ctx: Context) -> list[Launch]:
-    if launch["op"] != "tail_argmax":
-        raise MatvecError(f"the tail family does not implement {launch['op']}")
-    x, norm, head = launch["args"]
-    out = launch["outs"][0]
-    a = launch["attrs"]
-    fmt, vocab, k = check_weight(ctx, head, "tail_argmax")
-    act = ACTIVATION_FORMAT[fmt.lower()]
-    if a["format"] != act:
-        raise MatvecError(f"tail_argmax: a {fmt} head takes {act} activations, the op packs {a['format']}")
-    rows = ctx.shape(x)[0]
-    c = columns(launch, rows)
-    blocks = -(-vocab // SLICE)
-    packed = scratch("tail_argmax.x", act, [rows, k])
-    part = scratch("tail_argmax.part", "f32", [rows, blocks, 2])
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    t = operands.tail(launch, ctx, FORMATS, piece)
+    c = columns(launch.member, t.rows)
+    blocks = -(-t.vocab // SLICE)
+    packed = scratch("tail_argmax.x", t.act, [t.rows, t.k])
+    part = scratch("tail_argmax.part", "f32", [t.rows, blocks, 2])
     return [
-        Launch(pack_kernel(act), (grid_dim(rows),),
-               [x, norm, packed, scalar(rows), scalar(k), scalar(a["eps"], "f32")]),
-        Launch(logits_kernel(fmt, c, ctx.target), (blocks, grid_dim(rows, c)),
-               [packed, {"weight": head["weight"], "layout": "planar"}, part, scalar(rows), scalar(k), scalar(vocab),
-                scalar(SLICE)]),
-        Launch(reduce_kernel(), (grid_dim(rows),), [part, out, scalar(blocks)]),
+        KernelLaunch(pack_kernel(t.act), (grid_dim(t.rows),),
+                     [t.x, t.norm, packed, scalar(t.rows), scalar(t.k), scalar(t.eps, "f32")]),
+        KernelLaunch(logits_kernel(t.fmt, c, ctx.target), (blocks, grid_dim(t.rows, c)),
+                     [packed, Weight(t.head.name, "planar"), part, scalar(t.rows), scalar(t.k), scalar(t.vocab),
+                      scalar(SLICE)]),
+        KernelLaunch(reduce_kernel(), (grid_dim(t.rows),), [part, t.out, scalar(blocks)]),
     ]

@@ -300,7 +300,7 @@ __device__ void lp_attention_reduce(const float* __restrict__ part, void* out, i
   static_assert(TILE % 256 == 0, "a tile is whole 8-bit blocks");
   const int k = heads * d, t0 = lp_bid() * TILE, r = lp_bid_y();
   const int kt = lp_min(TILE, k - t0);
-  if constexpr (FMT == LP_OUT_F32) {
+  if constexpr (FMT == LP_ACT_F32) {
     for (int i = lp_tid(); i < kt; i += lp_bdim())
       ((float*)out)[(size_t)r * k + t0 + i] = lp_attention_combine(part, r, heads, d, splits, t0 + i);
   } else {

@@ -7,10 +7,13 @@
 // field planes of packed activations, block reductions, and packing a row to 8-bit blocks with
 // exactly the CPU twins' rounding (core/numerics.py pack_blocks: q8_0/q8_1 take amax/127 as an f16
 // scale and round half to even; q8_k takes the signed max of 256 values, iscale = -127/max,
-// d = 1/iscale, with 16-value sums).
+// d = 1/iscale, with 16-value sums). The format codes and block sizes come from formats.h, generated
+// from core/formats.py.
 #pragma once
 #include "vendor.h"
 #include <stdint.h>
+
+#include "formats.h"
 
 // 16 bytes as four 32-bit words, moved with one 128-bit load or store (the address 16-byte aligned)
 struct alignas(16) lp_u4 {
@@ -156,12 +159,12 @@ struct Q8Rows {
   int16_t* bsums;  // q8_k: [rows, k/16]; else null
 };
 
-// fmt: 0 = q8_0, 1 = q8_1, 2 = q8_k
+// fmt: LP_ACT_Q8_0, LP_ACT_Q8_1 or LP_ACT_Q8_K
 __device__ __forceinline__ Q8Rows lp_q8_rows(void* base, int rows, int k, int fmt) {
   char* p = (char*)base;
   Q8Rows r;
   const size_t n = (size_t)rows * k;
-  if (fmt == 2) {
+  if (fmt == LP_ACT_Q8_K) {
     r.d = p;
     p += lp_align(n / 256 * sizeof(float));
     r.s = nullptr;
@@ -171,7 +174,7 @@ __device__ __forceinline__ Q8Rows lp_q8_rows(void* base, int rows, int k, int fm
   } else {
     r.d = p;
     p += lp_align(n / 32 * sizeof(lp_half));
-    if (fmt == 1) {
+    if (fmt == LP_ACT_Q8_1) {
       r.s = (lp_half*)p;
       p += lp_align(n / 32 * sizeof(lp_half));
     } else {
@@ -210,7 +213,7 @@ __device__ void lp_pack_row_q8_32(F value, int k, int row, Q8Rows out) {
     const int q = (int)lp_rint(x * inv);
     const size_t blk = (size_t)row * (k / 32) + b;
     out.qs[(size_t)row * k + i] = (int8_t)q;
-    if (FMT == 1) {
+    if (FMT == LP_ACT_Q8_1) {
       int sum = q;
       #pragma unroll
       for (int m = 16; m > 0; m >>= 1) sum += lp_shfl_xor(sum, m);
@@ -259,6 +262,6 @@ __device__ void lp_pack_row_q8_k(F value, int k, int row, Q8Rows out) {
 
 template <int FMT, class F>
 __device__ __forceinline__ void lp_pack_row(F value, int k, int row, Q8Rows out) {
-  if (FMT == 2) lp_pack_row_q8_k(value, k, row, out);
+  if (FMT == LP_ACT_Q8_K) lp_pack_row_q8_k(value, k, row, out);
   else lp_pack_row_q8_32<FMT>(value, k, row, out);
 }

@@ -14,10 +14,10 @@
 //   A block serves one K/V head and BQ = 16 * NW query vectors: RQ = BQ / G consecutive rows x the
 //   G = heads / kv_heads query heads that share the K/V head (GQA: K/V are read once for the group).
 //   grid = (ceil(rows / RQ), kv_heads), NW waves of 32. Each wave owns 16 query vectors; S = Q K^T and
-//   O += P V run on f16 fragments with f32 accumulators (CUDA keeps P in registers: the S accumulator
-//   layout is the A fragment layout; gfx11 computes S^T = K Q^T and O^T = V^T P^T so that one lane owns
-//   one query vector, and swaps half of P with the lane 16 away). K tiles [BKV][D] and V tiles stored
-//   transposed [D][BKV] sit in shared memory (rows padded by 16 bytes: conflict-free fragment loads).
+//   O += P V run on f16 fragments with f32 accumulators, P kept in registers (mma.cuh's LpRowMma: gfx11
+//   computes S^T = K Q^T and O^T = V^T P^T so that one lane owns one query vector). K tiles [BKV][D]
+//   and V tiles stored transposed [D][BKV] sit in shared memory (rows padded by 16 bytes:
+//   conflict-free fragment loads).
 //   Rows of different sequences may share a tile (a chunk spans sequences): the block walks the distinct
 //   sequences of its tile in turn, each over the union of its rows' ranges, with every other row masked.
 //   K/V tiles are whole pages (BKV is a multiple of LP_PAGE; a walk starts at a page boundary), gathered
@@ -42,24 +42,18 @@ template <> struct LpFlashCfg<64> { static constexpr int NW = 4, BKV = 64; };
 template <> struct LpFlashCfg<128> { static constexpr int NW = 4, BKV = 32; };
 template <> struct LpFlashCfg<256> { static constexpr int NW = 2, BKV = 16; };
 
-__device__ __forceinline__ unsigned lp_pack_h2(float lo, float hi) {
-#if defined(LP_HIP)
-  return (unsigned)__builtin_bit_cast(unsigned short, (_Float16)lo) |
-         ((unsigned)__builtin_bit_cast(unsigned short, (_Float16)hi) << 16);
-#else
-  return (unsigned)__half_as_ushort(__float2half_rn(lo)) | ((unsigned)__half_as_ushort(__float2half_rn(hi)) << 16);
-#endif
-}
-
-#if defined(LP_WMMA)
-// 8 consecutive words of shared memory (16 f16 values) as a WMMA f16 operand
-__device__ __forceinline__ lp_v16h lp_words_h16(const unsigned* p) {
-  lp_v8i v;
-  #pragma unroll
-  for (int j = 0; j < 8; ++j) v[j] = (int)p[j];
-  return __builtin_bit_cast(lp_v16h, v);
-}
-#endif
+// rows of 32-bit words in shared memory as mma.cuh's fragment loaders read them; at(row, w) is the
+// address of word w of a row (a lambda on the __shared__ array itself: its address space stays in view)
+template <class At> struct LpWordRows {
+  At at;
+  __device__ __forceinline__ int word(int row, int w) const { return (int)*at(row, w); }
+  template <int W> __device__ __forceinline__ void words(int row, int w0, int (&r)[W]) const {
+    const unsigned* p = at(row, w0);
+    #pragma unroll
+    for (int j = 0; j < W; ++j) r[j] = (int)p[j];
+  }
+};
+template <class At> __device__ __forceinline__ LpWordRows<At> lp_word_rows(At at) { return {at}; }
 
 __device__ __forceinline__ int lp_wave_min_i(int v) {
   #pragma unroll
@@ -86,10 +80,12 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
                                    const int* __restrict__ seq, const int* __restrict__ pages,
                                    const int* __restrict__ posv, float* __restrict__ out, int rows, int heads,
                                    int kv_heads, int npages, int blocks, int layer, float scale, int window) {
-#if defined(LP_MMA) || defined(LP_WMMA)
+#if defined(LP_FRAGMENTS)
+  typedef LpRowMma M;  // S = Q K^T and O += P V over the wave's 16 query vectors (mma.cuh)
   constexpr int NW = LpFlashCfg<D>::NW, BKV = LpFlashCfg<D>::BKV, BQ = 16 * NW, THREADS = 32 * NW;
   constexpr int QW = D / 2 + 4;    // words per Q / K row in shared memory (16 bytes of padding)
   constexpr int VW = BKV / 2 + 4;  // words per transposed V row
+  constexpr int SF = BKV / M::N, OF = D / M::N;  // S and O fragments of a lane
   __shared__ unsigned sq[BQ * QW];
   __shared__ unsigned sk[BKV * QW];
   __shared__ unsigned svt[D * VW];
@@ -101,6 +97,9 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
   static_assert(KR * (D / 8) == THREADS && KL * KR == BKV && VC * (BKV / 2) == THREADS && VL * VC == D / 8,
                 "the threads tile the K/V tiles");
   __shared__ int sblk[2][TP];  // the blocks of this tile's pages and of the next tile's
+  const auto qt = lp_word_rows([](int row, int w) { return &sq[row * QW + w]; });
+  const auto kt = lp_word_rows([](int row, int w) { return &sk[row * QW + w]; });
+  const auto vt = lp_word_rows([](int row, int w) { return &svt[row * VW + w]; });
 
   const int tid = lp_tid(), wave = lp_wave(), lane = lp_lane();
   const int G = heads / kv_heads, kvh = lp_bid_y(), RQ = BQ / G;
@@ -136,24 +135,20 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
   const lp_half* kbase = cache + lp_kv_plane(layer, 0, blocks, kvdim) + (size_t)kvh * D;
   const lp_half* vbase = cache + lp_kv_plane(layer, 1, blocks, kvdim) + (size_t)kvh * D;
 
-#if defined(LP_MMA)
-  // lane: rows g, g + 8 of the wave's 16 vectors; accumulator columns 2t, 2t + 1
-  const int g = lane >> 2, tq = lane & 3;
-  const int va = wave * 16 + g, vb = va + 8;
-  float o[D / 8][4];
+  // the wave's vectors are wv .. wv + 15; a lane holds M::SLOTS of them, wv + M::row(h)
+  const int wv = wave * 16;
+  const int my_v = wv + (lane & 15);  // for the wave's range: lanes 0..15 and 16..31 repeat
+  LpFragAcc o[OF];
   #pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m[2] = {-__builtin_inff(), -__builtin_inff()}, l[2] = {0.0f, 0.0f};
-  const int my_v = wave * 16 + (lane & 15);  // for the wave's range: lanes 0..15 and 16..31 repeat
-#else
-  const int li = lane & 15, hi = lane >> 4;
-  const int va = wave * 16 + li;
-  lp_v8f o[D / 16];
+  for (int i = 0; i < OF; ++i)
+    #pragma unroll
+    for (int e = 0; e < LP_FRAG_EL; ++e) o[i][e] = 0.0f;
+  float m[M::SLOTS], l[M::SLOTS];
   #pragma unroll
-  for (int i = 0; i < D / 16; ++i) o[i] = lp_v8f{0, 0, 0, 0, 0, 0, 0, 0};
-  float m = -__builtin_inff(), l = 0.0f;
-  const int my_v = va;
-#endif
+  for (int h = 0; h < M::SLOTS; ++h) {
+    m[h] = -__builtin_inff();
+    l[h] = 0.0f;
+  }
 
   int prev = -1;
   #pragma unroll 1
@@ -226,179 +221,89 @@ __device__ __forceinline__ void lp_attention_flash(const float* __restrict__ q, 
       lp_sync();
       if (j0 >= whi || j0 + BKV <= wlo) continue;  // nothing in this tile for this wave's rows
 
-#if defined(LP_MMA)
-      float s[BKV / 8][4];
+      // S = Q K^T: element e of fragment f is position M::col(j0 + f * M::N, e) of slot e / M::ROW_EL
+      LpFragAcc st[SF];
       #pragma unroll
-      for (int i = 0; i < BKV / 8; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+      for (int f = 0; f < SF; ++f)
+        #pragma unroll
+        for (int e = 0; e < LP_FRAG_EL; ++e) st[f][e] = 0.0f;
       #pragma unroll 2
       for (int kd = 0; kd < D / 16; ++kd) {
-        int a[4];
-        a[0] = (int)sq[va * QW + kd * 8 + tq];
-        a[1] = (int)sq[vb * QW + kd * 8 + tq];
-        a[2] = (int)sq[va * QW + kd * 8 + 4 + tq];
-        a[3] = (int)sq[vb * QW + kd * 8 + 4 + tq];
+        const M::Rows a = M::rows(qt, wv, 8 * kd);
         #pragma unroll
-        for (int ni = 0; ni < BKV / 8; ++ni) {
-          const int b[2] = {(int)sk[(ni * 8 + g) * QW + kd * 8 + tq], (int)sk[(ni * 8 + g) * QW + kd * 8 + 4 + tq]};
-          lp_mma_f16_k16(s[ni], a, b);
-        }
+        for (int f = 0; f < SF; ++f) M::mma(st[f], a, M::cols(kt, f * M::N, 8 * kd));
       }
-      // mask, scale, online softmax (rows va: h = 0, vb: h = 1)
-      float mx[2] = {-__builtin_inff(), -__builtin_inff()};
+      // mask, scale, online softmax
+      float s[SF][LP_FRAG_EL], mx[M::SLOTS];
       #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int v = h ? vb : va;
+      for (int h = 0; h < M::SLOTS; ++h) {
+        const int v = wv + M::row(h);
         const int vs = sseq[v], vf = sfirst[v], vp = spos[v];
+        mx[h] = -__builtin_inff();
         #pragma unroll
-        for (int ni = 0; ni < BKV / 8; ++ni)
+        for (int f = 0; f < SF; ++f)
           #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int p = j0 + ni * 8 + 2 * tq + e;
+          for (int e = M::ROW_EL * h; e < M::ROW_EL * (h + 1); ++e) {
+            const int p = M::col(j0 + f * M::N, e);
             const bool ok = vs == S && p >= vf && p <= vp;
-            const float x = ok ? s[ni][2 * h + e] * scale : -__builtin_inff();
-            s[ni][2 * h + e] = x;
+            const float x = ok ? st[f][e] * scale : -__builtin_inff();
+            s[f][e] = x;
             mx[h] = lp_fmax(mx[h], x);
           }
       }
-      float alpha[2];
+      float alpha[M::SLOTS];
       #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        mx[h] = lp_fmax(mx[h], lp_shfl_xor(mx[h], 1));
-        mx[h] = lp_fmax(mx[h], lp_shfl_xor(mx[h], 2));
+      for (int h = 0; h < M::SLOTS; ++h) {
+        mx[h] = M::max(mx[h]);
         const float mn = lp_fmax(m[h], mx[h]);
         alpha[h] = mn == -__builtin_inff() ? 1.0f : lp_exp(m[h] - mn);
         m[h] = mn;
       }
-      float sum[2] = {0.0f, 0.0f};
+      float sum[M::SLOTS];
       #pragma unroll
-      for (int ni = 0; ni < BKV / 8; ++ni)
+      for (int h = 0; h < M::SLOTS; ++h) sum[h] = 0.0f;
+      #pragma unroll
+      for (int f = 0; f < SF; ++f)
         #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const float x = s[ni][e];
-          const float p = x == -__builtin_inff() ? 0.0f : lp_exp(x - m[e >> 1]);
-          s[ni][e] = p;
-          sum[e >> 1] += p;
+        for (int e = 0; e < LP_FRAG_EL; ++e) {
+          const float x = s[f][e];
+          const float p = x == -__builtin_inff() ? 0.0f : lp_exp(x - m[e / M::ROW_EL]);
+          s[f][e] = p;
+          sum[e / M::ROW_EL] += p;
         }
       #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sum[h] += lp_shfl_xor(sum[h], 1);
-        sum[h] += lp_shfl_xor(sum[h], 2);
+      for (int h = 0; h < M::SLOTS; ++h) {
+        sum[h] = M::sum(sum[h]);
         l[h] = l[h] * alpha[h] + sum[h];
       }
       #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd)
+      for (int nd = 0; nd < OF; ++nd)
         #pragma unroll
-        for (int e = 0; e < 4; ++e) o[nd][e] *= alpha[e >> 1];
-      // O += P V: the S accumulators of two neighbouring fragments are one A fragment of P
+        for (int e = 0; e < LP_FRAG_EL; ++e) o[nd][e] *= alpha[e / M::ROW_EL];
+      // O += P V, 16 positions of P at a time: element e of fragment nd is dimension M::col(nd * M::N, e)
       #pragma unroll
       for (int kk = 0; kk < BKV / 16; ++kk) {
-        int a[4];
-        a[0] = (int)lp_pack_h2(s[2 * kk][0], s[2 * kk][1]);
-        a[1] = (int)lp_pack_h2(s[2 * kk][2], s[2 * kk][3]);
-        a[2] = (int)lp_pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        a[3] = (int)lp_pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        const M::Rows a = M::rows_of(&s[kk * 16 / M::N]);
         #pragma unroll
-        for (int nd = 0; nd < D / 8; ++nd) {
-          const int b[2] = {(int)svt[(nd * 8 + g) * VW + kk * 8 + tq], (int)svt[(nd * 8 + g) * VW + kk * 8 + 4 + tq]};
-          lp_mma_f16_k16(o[nd], a, b);
-        }
+        for (int nd = 0; nd < OF; ++nd) M::mma(o[nd], a, M::cols(vt, nd * M::N, 8 * kk));
       }
-#else  // LP_WMMA: S^T = K Q^T, O^T = V^T P^T; lane (li, hi) owns query vector va, positions / dims 2e + hi
-      lp_v8f st[BKV / 16];
-      #pragma unroll
-      for (int i = 0; i < BKV / 16; ++i) st[i] = lp_v8f{0, 0, 0, 0, 0, 0, 0, 0};
-      #pragma unroll 2
-      for (int kd = 0; kd < D / 16; ++kd) {
-        const lp_v16h b = lp_words_h16(&sq[va * QW + kd * 8]);
-        #pragma unroll
-        for (int fi = 0; fi < BKV / 16; ++fi)
-          st[fi] = lp_wmma_f16(lp_words_h16(&sk[(fi * 16 + li) * QW + kd * 8]), b, st[fi]);
-      }
-      const int vs = sseq[va], vf = sfirst[va], vp = spos[va];
-      float mx = -__builtin_inff();
-      float s[BKV / 16][8];
-      #pragma unroll
-      for (int fi = 0; fi < BKV / 16; ++fi)
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int p = j0 + fi * 16 + 2 * e + hi;
-          const bool ok = vs == S && p >= vf && p <= vp;
-          const float x = ok ? st[fi][e] * scale : -__builtin_inff();
-          s[fi][e] = x;
-          mx = lp_fmax(mx, x);
-        }
-      mx = lp_fmax(mx, lp_shfl_xor(mx, 16));
-      const float mn = lp_fmax(m, mx);
-      const float alpha = mn == -__builtin_inff() ? 1.0f : lp_exp(m - mn);
-      m = mn;
-      float sum = 0.0f;
-      #pragma unroll
-      for (int fi = 0; fi < BKV / 16; ++fi)
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float x = s[fi][e];
-          const float p = x == -__builtin_inff() ? 0.0f : lp_exp(x - m);
-          s[fi][e] = p;
-          sum += p;
-        }
-      sum += lp_shfl_xor(sum, 16);
-      l = l * alpha + sum;
-      #pragma unroll
-      for (int nd = 0; nd < D / 16; ++nd)
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) o[nd][e] *= alpha;
-      #pragma unroll
-      for (int kk = 0; kk < BKV / 16; ++kk) {
-        // B = P^T: lane li needs positions 0..15 of vector li; it holds 2e + hi, the lane 16 away the rest
-        unsigned mine[4], other[4];
-        #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          mine[j] = lp_pack_h2(s[kk][2 * j], s[kk][2 * j + 1]);
-          other[j] = lp_shfl_xor(mine[j], 16);
-        }
-        lp_v8i bw;
-        #pragma unroll
-        for (int j = 0; j < 8; ++j) {  // word j: positions 2j (even lane's e = j), 2j + 1 (odd lane's e = j)
-          const unsigned ev = hi ? other[j >> 1] : mine[j >> 1], od = hi ? mine[j >> 1] : other[j >> 1];
-          const unsigned sh = (j & 1) * 16;
-          bw[j] = (int)(((ev >> sh) & 0xFFFFu) | (((od >> sh) & 0xFFFFu) << 16));
-        }
-        const lp_v16h b = __builtin_bit_cast(lp_v16h, bw);
-        #pragma unroll
-        for (int nd = 0; nd < D / 16; ++nd)
-          o[nd] = lp_wmma_f16(lp_words_h16(&svt[(nd * 16 + li) * VW + kk * 8]), b, o[nd]);
-      }
-#endif
     }
     prev = S;
   }
 
   // out = acc / sum, rows of this tile only
-#if defined(LP_MMA)
   #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int v = h ? vb : va;
+  for (int h = 0; h < M::SLOTS; ++h) {
+    const int v = wv + M::row(h);
     const int row = r0 + v / G;
     if (v < RQ * G && row < rows) {
       float* dst = out + (size_t)row * qdim + (size_t)(kvh * G + v % G) * D;
       #pragma unroll
-      for (int nd = 0; nd < D / 8; ++nd)
+      for (int nd = 0; nd < OF; ++nd)
         #pragma unroll
-        for (int e = 0; e < 2; ++e) dst[nd * 8 + 2 * tq + e] = o[nd][2 * h + e] / l[h];
+        for (int e = M::ROW_EL * h; e < M::ROW_EL * (h + 1); ++e) dst[M::col(nd * M::N, e)] = o[nd][e] / l[h];
     }
   }
-#else
-  {
-    const int row = r0 + va / G;
-    if (va < RQ * G && row < rows) {
-      float* dst = out + (size_t)row * qdim + (size_t)(kvh * G + va % G) * D;
-      #pragma unroll
-      for (int nd = 0; nd < D / 16; ++nd)
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) dst[nd * 16 + 2 * e + hi] = o[nd][e] / l;
-    }
-  }
-#endif
 #else
   (void)q; (void)cache; (void)seq; (void)pages; (void)posv; (void)out; (void)rows; (void)heads; (void)kv_heads;
   (void)npages; (void)blocks; (void)layer; (void)scale; (void)window;

@@ -70,9 +70,6 @@ __device__ __forceinline__ uint16_t lp_f2bf(float x) {
 
 // --- output tiles in any activation format -------------------------------------------------------
 
-// Output formats: the 8-bit block formats as common.cuh numbers them, then plain values.
-enum { LP_OUT_Q8_0 = 0, LP_OUT_Q8_1 = 1, LP_OUT_Q8_K = 2, LP_OUT_F16 = 3, LP_OUT_BF16 = 4, LP_OUT_F32 = 5 };
-
 // The planes of values [t0, t0 + kt) of `row` of a packed [rows, k] buffer, as a one-row Q8Rows of kt
 // values: every plane is [rows, k / block, ...] in row-major order, so a tile that starts on a block
 // boundary is the plane pointers advanced by (row * k + t0) / block (common.cuh lp_q8_rows).
@@ -81,12 +78,12 @@ __device__ __forceinline__ Q8Rows lp_q8_tile(void* base, int rows, int k, int ro
   Q8Rows p = lp_q8_rows(base, rows, k, FMT);
   const size_t at = (size_t)row * k + t0;
   p.qs += at;
-  if (FMT == LP_OUT_Q8_K) {
+  if (FMT == LP_ACT_Q8_K) {
     p.d = (float*)p.d + at / 256;
     p.bsums += at / 16;
   } else {
     p.d = (lp_half*)p.d + at / 32;
-    if (FMT == LP_OUT_Q8_1) p.s += at / 32;
+    if (FMT == LP_ACT_Q8_1) p.s += at / 32;
   }
   return p;
 }
@@ -96,14 +93,14 @@ __device__ __forceinline__ Q8Rows lp_q8_tile(void* base, int rows, int k, int ro
 // the rounding is exactly common.cuh's (the CPU twins').
 template <int FMT, class F>
 __device__ __forceinline__ void lp_store_tile(F value, void* out, int rows, int k, int row, int t0, int kt) {
-  if constexpr (FMT <= LP_OUT_Q8_K) {
+  if constexpr (FMT <= LP_ACT_Q8_K) {  // the 8-bit block formats, numbered first
     lp_pack_row<FMT>(value, kt, 0, lp_q8_tile<FMT>(out, rows, k, row, t0));
   } else {
     const size_t at = (size_t)row * k + t0;
     for (int i = lp_tid(); i < kt; i += lp_bdim()) {
       const float x = value(i);
-      if constexpr (FMT == LP_OUT_F16) ((lp_half*)out)[at + i] = lp_f2h(x);
-      else if constexpr (FMT == LP_OUT_BF16) ((uint16_t*)out)[at + i] = lp_f2bf(x);
+      if constexpr (FMT == LP_ACT_F16) ((lp_half*)out)[at + i] = lp_f2h(x);
+      else if constexpr (FMT == LP_ACT_BF16) ((uint16_t*)out)[at + i] = lp_f2bf(x);
       else ((float*)out)[at + i] = x;
     }
   }

@@ -45,40 +45,9 @@ __device__ __forceinline__ unsigned lp_byte(unsigned w0, unsigned w1, unsigned w
 }
 
 // ---- weight formats ----------------------------------------------------------------------------
-// Codes shared with codegen/families/gemm.py (WEIGHT_FORMATS).
-#define LP_F16 0
-#define LP_Q4_0 1
-#define LP_Q4_1 2
-#define LP_Q5_0 3
-#define LP_Q5_1 4
-#define LP_Q8_0 5
-#define LP_Q2_K 6
-#define LP_Q3_K 7
-#define LP_Q4_K 8
-#define LP_Q5_K 9
-#define LP_Q6_K 10
-
-// QK: values per block; SB: values per integer sub-sum; MIN: the format subtracts a min (or adds an
-// offset) that meets the activation's block sums; ACT: activation format (0 q8_0, 1 q8_1, 2 q8_k,
-// 3 f16); FB0..FB4: bytes per block of each field plane, in core/formats.py field order.
-template <int F> struct LpW;
-#define LP_WFMT(F_, QK_, SB_, MIN_, ACT_, N_, B0, B1, B2, B3, B4)                                          \
-  template <> struct LpW<F_> {                                                                         \
-    static constexpr int QK = QK_, SB = SB_, MIN = MIN_, ACT = ACT_, NFIELD = N_;                      \
-    static constexpr int FB0 = B0, FB1 = B1, FB2 = B2, FB3 = B3, FB4 = B4;                             \
-  };
-LP_WFMT(LP_F16, 1, 1, 0, 3, 1, 2, 0, 0, 0, 0)            // v
-LP_WFMT(LP_Q4_0, 32, 32, 0, 0, 2, 2, 16, 0, 0, 0)        // d, qs[16]
-LP_WFMT(LP_Q4_1, 32, 32, 1, 1, 3, 2, 2, 16, 0, 0)        // d, m, qs[16]
-LP_WFMT(LP_Q5_0, 32, 32, 0, 0, 3, 2, 4, 16, 0, 0)        // d, qh u32, qs[16]
-LP_WFMT(LP_Q5_1, 32, 32, 1, 1, 4, 2, 2, 4, 16, 0)        // d, m, qh u32, qs[16]
-LP_WFMT(LP_Q8_0, 32, 32, 0, 0, 2, 2, 32, 0, 0, 0)        // d, qs[32]
-LP_WFMT(LP_Q2_K, 256, 16, 1, 2, 4, 16, 64, 2, 2, 0)      // scales[16], qs[64], d, dmin
-LP_WFMT(LP_Q3_K, 256, 16, 0, 2, 4, 32, 64, 12, 2, 0)     // hmask[32], qs[64], scales[12], d
-LP_WFMT(LP_Q4_K, 256, 32, 1, 2, 4, 2, 2, 12, 128, 0)     // d, dmin, scales[12], qs[128]
-LP_WFMT(LP_Q5_K, 256, 32, 1, 2, 5, 2, 2, 12, 32, 128)    // d, dmin, scales[12], qh[32], qs[128]
-LP_WFMT(LP_Q6_K, 256, 16, 0, 2, 4, 128, 64, 16, 2, 0)    // ql[128], qh[64], scales[16], d
-#undef LP_WFMT
+// LpW<F>: formats.h's LpFormat<F> (values per block, per integer sub-sum SB, the min, the activation
+// format, each field plane's bytes per block).
+template <int F> using LpW = LpFormat<F>;
 
 // The field planes of a planar weight [n, k] (core/formats.planes: plane i holds field i of every
 // block, rows in order, each plane starting on a 256-byte boundary). Shared by every weight reader.
@@ -89,7 +58,7 @@ template <int F> struct LpWPlanes {
 template <int F> __device__ __forceinline__ LpWPlanes<F> lp_weight_planes(const void* base, int n, int k) {
   typedef LpW<F> T;
   const int fb[5] = {T::FB0, T::FB1, T::FB2, T::FB3, T::FB4};
-  const size_t blocks = (size_t)n * (size_t)(k / T::QK);
+  const size_t blocks = (size_t)n * (size_t)(k / T::BLOCK);
   const uint8_t* p = (const uint8_t*)base;
   LpWPlanes<F> out;
   #pragma unroll
@@ -108,8 +77,8 @@ template <int F> __device__ __forceinline__ LpWPlanes<F> lp_weight_planes(const 
 // sub-block sums d_x * sum(qs) (xs, only for formats with a min).
 template <int TR, int TW, int F> struct LpGemmSmem {
   typedef LpW<F> T;
-  static constexpr int NSB = T::ACT == 3 ? 0 : 128 / T::SB;
-  static constexpr int NXD = T::ACT == 3 ? 0 : (T::ACT == 2 ? 1 : 4);
+  static constexpr int NSB = T::ACT == LP_ACT_F16 ? 0 : 128 / T::SB;
+  static constexpr int NXD = T::ACT == LP_ACT_F16 ? 0 : (T::ACT == LP_ACT_Q8_K ? 1 : 4);
   static constexpr int W = 0;
   static constexpr int X = W + TW * 128;
   static constexpr int WSC = X + TR * 128;
@@ -139,8 +108,8 @@ template <int F> struct LpWRaw;
 // Q4_0, Q4_1, Q5_0, Q5_1: a unit is two 32-value blocks, tile sub-blocks 2u and 2u + 1
 template <int F> struct LpWRaw32 {
   typedef LpW<F> T;
-  static constexpr bool HI = F == LP_Q5_0 || F == LP_Q5_1;
-  static constexpr bool MINF = F == LP_Q4_1 || F == LP_Q5_1;
+  static constexpr bool HI = F == LP_FMT_Q5_0 || F == LP_FMT_Q5_1;
+  static constexpr bool MINF = T::MIN;
   lp_u4 qs[2];
   unsigned qh[2];
   float d[2], m[2];
@@ -182,15 +151,15 @@ template <int F> struct LpWRaw32 {
     }
   }
 };
-template <> struct LpWRaw<LP_Q4_0> : LpWRaw32<LP_Q4_0> {};
-template <> struct LpWRaw<LP_Q4_1> : LpWRaw32<LP_Q4_1> {};
-template <> struct LpWRaw<LP_Q5_0> : LpWRaw32<LP_Q5_0> {};
-template <> struct LpWRaw<LP_Q5_1> : LpWRaw32<LP_Q5_1> {};
+template <> struct LpWRaw<LP_FMT_Q4_0> : LpWRaw32<LP_FMT_Q4_0> {};
+template <> struct LpWRaw<LP_FMT_Q4_1> : LpWRaw32<LP_FMT_Q4_1> {};
+template <> struct LpWRaw<LP_FMT_Q5_0> : LpWRaw32<LP_FMT_Q5_0> {};
+template <> struct LpWRaw<LP_FMT_Q5_1> : LpWRaw32<LP_FMT_Q5_1> {};
 
-template <> struct LpWRaw<LP_Q8_0> {
+template <> struct LpWRaw<LP_FMT_Q8_0> {
   lp_u4 qs[4];
   float d[2];
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q8_0>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q8_0>& p, int row, int kt, int u, int nb, bool ok) {
     #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int b = kt * 4 + 2 * u + i;
@@ -216,7 +185,7 @@ template <> struct LpWRaw<LP_Q8_0> {
 // nibbles are sub-block 2r, high nibbles 2r + 1 (tile sub-blocks 2u, 2u + 1). Q5_K: bit j of qh byte b
 // is bit 4 of value 32j + b.
 template <int F> struct LpWRawK45 {
-  static constexpr bool HI = F == LP_Q5_K;
+  static constexpr bool HI = F == LP_FMT_Q5_K;
   lp_u4 qs[2], qh[2];
   unsigned sc0, sc1, sc2;
   float d, dmin;
@@ -260,17 +229,17 @@ template <int F> struct LpWRawK45 {
     }
   }
 };
-template <> struct LpWRaw<LP_Q4_K> : LpWRawK45<LP_Q4_K> {};
-template <> struct LpWRaw<LP_Q5_K> : LpWRawK45<LP_Q5_K> {};
+template <> struct LpWRaw<LP_FMT_Q4_K> : LpWRawK45<LP_FMT_Q4_K> {};
+template <> struct LpWRaw<LP_FMT_Q5_K> : LpWRawK45<LP_FMT_Q5_K> {};
 
 // Q6_K: local value 32f + b (f = 0..3) of half hh is nibble (f >> 1) of ql[64hh + 32(f & 1) + b] with
 // bits 2f, 2f + 1 of qh[32hh + b] above it, minus 32. Unit u takes bytes b in [16u, 16u + 16), i.e. the
 // four 16-value sub-blocks 2f + u of the tile.
-template <> struct LpWRaw<LP_Q6_K> {
+template <> struct LpWRaw<LP_FMT_Q6_K> {
   lp_u4 a, b, h;
   unsigned sc0, sc1;
   float d;
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q6_K>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q6_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     const int hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
@@ -300,12 +269,12 @@ template <> struct LpWRaw<LP_Q6_K> {
 
 // Q3_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b], minus 4 where bit 4hh + f
 // of hmask[b] is clear. Unit u takes bytes b in [16u, 16u + 16): sub-blocks 2f + u of the tile.
-template <> struct LpWRaw<LP_Q3_K> {
+template <> struct LpWRaw<LP_FMT_Q3_K> {
   lp_u4 q, hm;
   unsigned sc0, sc1, sc2;
   float d;
   int hh;
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q3_K>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q3_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[3])[blk]) : 0.0f;
@@ -336,11 +305,11 @@ template <> struct LpWRaw<LP_Q3_K> {
 
 // Q2_K: local value 32f + b of half hh is bits 2f, 2f + 1 of qs[32hh + b]; sub-block scale byte
 // 8hh + 2f + u: low nibble scale, high nibble min. Unit u takes bytes b in [16u, 16u + 16).
-template <> struct LpWRaw<LP_Q2_K> {
+template <> struct LpWRaw<LP_FMT_Q2_K> {
   lp_u4 q;
   unsigned sc0, sc1;
   float d, dmin;
-  __device__ __forceinline__ void load(const LpWPlanes<LP_Q2_K>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_Q2_K>& p, int row, int kt, int u, int nb, bool ok) {
     const size_t blk = (size_t)row * nb + (kt >> 1);
     const int hh = kt & 1;
     d = ok ? lp_h2f(((const lp_half*)p.f[2])[blk]) : 0.0f;
@@ -365,9 +334,9 @@ template <> struct LpWRaw<LP_Q2_K> {
 };
 
 // F16: the k-tile is 64 values; unit u is values 32u .. 32u + 31 (four chunks). nb is k here.
-template <> struct LpWRaw<LP_F16> {
+template <> struct LpWRaw<LP_FMT_F16> {
   lp_u4 v[4];
-  __device__ __forceinline__ void load(const LpWPlanes<LP_F16>& p, int row, int kt, int u, int nb, bool ok) {
+  __device__ __forceinline__ void load(const LpWPlanes<LP_FMT_F16>& p, int row, int kt, int u, int nb, bool ok) {
     const uint8_t* base = p.f[0] + ((size_t)row * nb + kt * 64 + 32 * u) * 2;
     #pragma unroll
     for (int c = 0; c < 4; ++c) v[c] = ok && kt * 64 + 32 * u + 8 * c < nb ? lp_load16(base + 16 * c) : lp_zero16();
@@ -392,12 +361,12 @@ template <int ACT, int SB, int XS> struct LpXRaw {
   int bs;  // q8_k: two 16-value sums (int16 pair)
   __device__ __forceinline__ void load(const LpXSrc& x, int n, int kt, int q, int rows, int k) {
     const bool ok = n < rows;
-    if (ACT == 3) {
+    if (ACT == LP_ACT_F16) {
       const int kk = kt * 64 + 16 * q;
       const uint8_t* p = (const uint8_t*)x.qs + ((size_t)n * k + kk) * 2;
       v[0] = ok && kk < k ? lp_load16(p) : lp_zero16();
       v[1] = ok && kk + 8 < k ? lp_load16(p + 16) : lp_zero16();
-    } else if (ACT == 2) {
+    } else if (ACT == LP_ACT_Q8_K) {
       const size_t sb = (size_t)n * (k / 256) + (kt >> 1);
       const int8_t* p = x.qs + (size_t)n * k + kt * 128 + 32 * q;
       v[0] = ok ? lp_load16(p) : lp_zero16();
@@ -416,7 +385,7 @@ template <int ACT, int SB, int XS> struct LpXRaw {
   __device__ __forceinline__ void store(const LpTile& t, int r, int q) const {
     lp_store16(&t.x[lp_chunk(r, 2 * q)], v[0]);
     lp_store16(&t.x[lp_chunk(r, 2 * q + 1)], v[1]);
-    if (ACT == 2) {
+    if (ACT == LP_ACT_Q8_K) {
       if (q == 0) t.xd[r] = d;
       if (XS) {
         const int lo = (int)(short)(bs & 0xFFFF), hi = bs >> 16;
@@ -427,7 +396,7 @@ template <int ACT, int SB, int XS> struct LpXRaw {
           t.xs[r * 8 + 2 * q + 1] = d * (float)hi;
         }
       }
-    } else if (ACT != 3) {
+    } else if (ACT != LP_ACT_F16) {
       t.xd[r * 4 + q] = d;
       if (XS) {  // the block's exact sum of qs
         int sum = 0;
@@ -445,12 +414,15 @@ template <int TR, int TW, int KIND> struct LpGemmCfg {
   static constexpr int WAVES = THREADS / 32;
 #if defined(LP_WMMA)
   static constexpr int WR = TR == 128 && TW == 128 ? 4 : 2;  // waves along rows
-  static constexpr int FN = 16;                              // fragment width along weights
-  static constexpr int EL = 8;                               // accumulators per lane per fragment
+  static constexpr int KU = 1;  // F16 k-steps unrolled per tile (all 4 spill at 128x128 on gfx11)
 #else
   static constexpr int WR = 2;
-  static constexpr int FN = 8;
-  static constexpr int EL = 4;
+  static constexpr int KU = 4;
+#endif
+#if defined(LP_FRAGMENTS)
+  static constexpr int FN = LP_FRAG_N, EL = LP_FRAG_EL;  // a fragment's weights, a lane's accumulators of it
+#else
+  static constexpr int FN = 1, EL = 0;  // no fragments: the dot-product member only
 #endif
   static constexpr int WW = WAVES / WR;
   static constexpr int WTR = TR / WR, WTW = TW / WW;  // a wave's tile
@@ -484,205 +456,104 @@ __device__ __forceinline__ void lp_gemm_put(const LpGemmArgs& a, int seg, int co
   }
 }
 
-__device__ __forceinline__ int lp_tile_word(const lp_u4* tile, int row, int word) {
-  return (int)tile[lp_chunk(row, word >> 2)].w[word & 3];
-}
-
-#if defined(LP_WMMA)
-// chunk ch of a tile row (16 int8 values) as a WMMA iu8 operand
-__device__ __forceinline__ lp_v4i lp_tile_i8x16(const lp_u4* tile, int row, int ch) {
-  const lp_u4 v = tile[lp_chunk(row, ch)];
-  return lp_v4i{(int)v.w[0], (int)v.w[1], (int)v.w[2], (int)v.w[3]};
-}
-// chunks ch, ch + 1 of a tile row (16 f16 values) as a WMMA f16 operand
-__device__ __forceinline__ lp_v16h lp_tile_h16(const lp_u4* tile, int row, int ch) {
-  const lp_u4 lo = tile[lp_chunk(row, ch)], up = tile[lp_chunk(row, ch + 1)];
-  const lp_v8i v = {(int)lo.w[0], (int)lo.w[1], (int)lo.w[2], (int)lo.w[3],
-                    (int)up.w[0], (int)up.w[1], (int)up.w[2], (int)up.w[3]};
-  return __builtin_bit_cast(lp_v16h, v);
-}
-#endif
+// a k-tile as mma.cuh's fragment loaders read it: word w of a row, or its words from w0 on (whole
+// 16-byte chunks, each a single load)
+struct LpTileRows {
+  const lp_u4* p;
+  __device__ __forceinline__ int word(int row, int w) const { return (int)p[lp_chunk(row, w >> 2)].w[w & 3]; }
+  template <int W> __device__ __forceinline__ void words(int row, int w0, int (&r)[W]) const {
+    #pragma unroll
+    for (int c = 0; c < W / 4; ++c) {
+      const lp_u4 v = p[lp_chunk(row, w0 / 4 + c)];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) r[4 * c + j] = (int)v.w[j];
+    }
+  }
+};
 
 // ---- compute: matrix cores ---------------------------------------------------------------------
+// The wave's MF x NF fragments of 16 activation rows x FN weights; acc holds fragment (mi, ni)'s
+// accumulators at (mi * NF + ni) * EL.
 template <class C, int F>
 __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C::ACC]) {
+#if defined(LP_FRAGMENTS)
   typedef LpW<F> T;
   constexpr int NSB = T::ACT == 3 ? 0 : 128 / T::SB;
   const int wave = lp_wave();
   const int rb = (wave % C::WR) * C::WTR, wb = (wave / C::WR) * C::WTW;
-#if defined(LP_MMA)
-  const int g = lp_lane() >> 2, tq = lp_lane() & 3;
+  const LpTileRows xt{t.x}, wt{t.w};
   if constexpr (T::ACT == 3) {
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      int a[C::MF][4], b[C::NF][2];
+    #pragma unroll C::KU
+    for (int s = 0; s < 4; ++s) {  // 16 f16 values (8 words) per step
+      LpFragA<8> a[C::MF];
+      LpFragB<8> b[C::NF];
       #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) {
-        const int r0 = rb + mi * 16 + g;
-        a[mi][0] = lp_tile_word(t.x, r0, 8 * s + tq);
-        a[mi][1] = lp_tile_word(t.x, r0 + 8, 8 * s + tq);
-        a[mi][2] = lp_tile_word(t.x, r0, 8 * s + 4 + tq);
-        a[mi][3] = lp_tile_word(t.x, r0 + 8, 8 * s + 4 + tq);
-      }
+      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_frag_a<8>(xt, rb + mi * 16, 8 * s);
       #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int c0 = wb + ni * 8 + g;
-        b[ni][0] = lp_tile_word(t.w, c0, 8 * s + tq);
-        b[ni][1] = lp_tile_word(t.w, c0, 8 * s + 4 + tq);
-      }
+      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_frag_b<8>(wt, wb + ni * C::FN, 8 * s);
       #pragma unroll
       for (int mi = 0; mi < C::MF; ++mi)
         #pragma unroll
         for (int ni = 0; ni < C::NF; ++ni) {
-          float* d = &acc[(mi * C::NF + ni) * 4];
-          float dv[4] = {d[0], d[1], d[2], d[3]};
-          lp_mma_f16_k16(dv, a[mi], b[ni]);
-          d[0] = dv[0]; d[1] = dv[1]; d[2] = dv[2]; d[3] = dv[3];
+          float* d = &acc[(mi * C::NF + ni) * C::EL];
+          LpFragAcc c;
+          #pragma unroll
+          for (int e = 0; e < C::EL; ++e) c[e] = d[e];
+          lp_frag_mma_f16(c, a[mi], b[ni]);
+          #pragma unroll
+          for (int e = 0; e < C::EL; ++e) d[e] = c[e];
         }
     }
   } else {
-    const int magic[4] = {LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC};
-    float dx[C::MF][2];
-    if (T::ACT == 2) {  // one activation scale per row for the whole k-tile
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) dx[mi][h] = t.xd[rb + mi * 16 + g + 8 * h];
-    }
+    constexpr int W = T::SB / 4;  // words per sub-block
     #pragma unroll 1
     for (int s = 0; s < NSB; ++s) {
-      // this sub-block's scales first, then each fragment's integer tile is scaled as soon as it is made
-      float sw[C::NF][2], wm[C::NF][2], xs[C::MF][2];
+      // this sub-block's weight scales and operands, then each fragment's integer tile is scaled as soon
+      // as it is made; scales per accumulator element (the compiler loads each distinct column once)
+      float sw[C::NF][C::EL], wm[C::NF][C::EL];
       #pragma unroll
       for (int ni = 0; ni < C::NF; ++ni)
         #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          const int col = wb + ni * 8 + 2 * tq + j;
-          sw[ni][j] = t.wsc[col * NSB + s];
-          if (T::MIN) wm[ni][j] = t.wmn[col * NSB + s];
+        for (int e = 0; e < C::EL; ++e) {
+          const int col = wb + ni * C::FN + lp_frag_col(e);
+          sw[ni][e] = t.wsc[col * NSB + s];
+          if (T::MIN) wm[ni][e] = t.wmn[col * NSB + s];
         }
+      LpFragA<W> a[C::MF];
+      LpFragB<W> b[C::NF];
       #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
-        #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = rb + mi * 16 + g + 8 * h;
-          if (T::ACT != 2) dx[mi][h] = t.xd[row * 4 + s];
-          if (T::MIN) xs[mi][h] = t.xs[row * NSB + s];
-        }
-      constexpr int AW = T::SB == 32 ? 4 : 2, BW = T::SB == 32 ? 2 : 1;  // words per fragment
-      int a[C::MF][AW], b[C::NF][BW];
+      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_frag_a<W>(xt, rb + mi * 16, W * s);
+      #pragma unroll
+      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_frag_b<W>(wt, wb + ni * C::FN, W * s);
       #pragma unroll
       for (int mi = 0; mi < C::MF; ++mi) {
-        const int r0 = rb + mi * 16 + g;
-        if constexpr (T::SB == 32) {
-          a[mi][0] = lp_tile_word(t.x, r0, 8 * s + tq);
-          a[mi][1] = lp_tile_word(t.x, r0 + 8, 8 * s + tq);
-          a[mi][2] = lp_tile_word(t.x, r0, 8 * s + 4 + tq);
-          a[mi][3] = lp_tile_word(t.x, r0 + 8, 8 * s + 4 + tq);
-        } else {
-          a[mi][0] = lp_tile_word(t.x, r0, 4 * s + tq);
-          a[mi][1] = lp_tile_word(t.x, r0 + 8, 4 * s + tq);
-        }
-      }
-      #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int c0 = wb + ni * 8 + g;
-        if constexpr (T::SB == 32) {
-          b[ni][0] = lp_tile_word(t.w, c0, 8 * s + tq);
-          b[ni][1] = lp_tile_word(t.w, c0, 8 * s + 4 + tq);
-        } else {
-          b[ni][0] = lp_tile_word(t.w, c0, 4 * s + tq);
-        }
-      }
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
+        // this fragment row's activation scales
+        float dx[C::EL], xs[C::EL];
         #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) {
-          int c[4];
-          if constexpr (T::SB == 32) lp_mma_i8_k32(c, a[mi], b[ni], magic);
-          else lp_mma_i8_k16(c, a[mi], b[ni][0], magic);
-          #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            float& v = acc[(mi * C::NF + ni) * 4 + e];
-            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[mi][e >> 1] * sw[ni][e & 1], v);
-            if (T::MIN) v = __builtin_fmaf(-xs[mi][e >> 1], wm[ni][e & 1], v);
-          }
-        }
-    }
-  }
-#elif defined(LP_WMMA)
-  const int li = lp_lane() & 15, hi = lp_lane() >> 4;
-  if constexpr (T::ACT == 3) {
-    #pragma unroll 1
-    for (int s = 0; s < 4; ++s) {
-      lp_v16h a[C::MF], b[C::NF];
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) a[mi] = lp_tile_h16(t.x, rb + mi * 16 + li, 2 * s);
-      #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) b[ni] = lp_tile_h16(t.w, wb + ni * 16 + li, 2 * s);
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi)
-        #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) {
-          float* d = &acc[(mi * C::NF + ni) * 8];
-          lp_v8f cv = {d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]};
-          cv = lp_wmma_f16(a[mi], b[ni], cv);
-          #pragma unroll
-          for (int e = 0; e < 8; ++e) d[e] = cv[e];
-        }
-    }
-  } else {
-    const lp_v8i magic = {LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC,
-                          LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC, LP_I2F_MAGIC};
-    #pragma unroll 1
-    for (int s = 0; s < NSB; ++s) {
-      float sw[C::NF], wm[C::NF];
-      #pragma unroll
-      for (int ni = 0; ni < C::NF; ++ni) {
-        const int col = wb + ni * 16 + li;
-        sw[ni] = t.wsc[col * NSB + s];
-        if (T::MIN) wm[ni] = t.wmn[col * NSB + s];
-      }
-      constexpr int HALVES = T::SB / 16;  // 16-value k-steps per sub-block
-      lp_v4i a[C::MF][HALVES], b[C::NF][HALVES];
-      #pragma unroll
-      for (int k16 = 0; k16 < HALVES; ++k16) {
-        const int ch = s * HALVES + k16;
-        #pragma unroll
-        for (int mi = 0; mi < C::MF; ++mi) a[mi][k16] = lp_tile_i8x16(t.x, rb + mi * 16 + li, ch);
-        #pragma unroll
-        for (int ni = 0; ni < C::NF; ++ni) b[ni][k16] = lp_tile_i8x16(t.w, wb + ni * 16 + li, ch);
-      }
-      #pragma unroll
-      for (int mi = 0; mi < C::MF; ++mi) {
-        // this fragment row's activation scales (lane rows 2e + hi)
-        float dx[8], xs[8];
-        #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const int row = rb + mi * 16 + 2 * e + hi;
+        for (int e = 0; e < C::EL; ++e) {
+          const int row = rb + mi * 16 + lp_frag_row(e);
           dx[e] = T::ACT == 2 ? t.xd[row] : t.xd[row * 4 + s];
           xs[e] = T::MIN ? t.xs[row * NSB + s] : 0.0f;
         }
         #pragma unroll
         for (int ni = 0; ni < C::NF; ++ni) {
-          lp_v8i c = lp_wmma_i8(a[mi][0], b[ni][0], magic);
+          int c[C::EL];
+          lp_frag_mma_i8<W>(c, a[mi], b[ni]);
           #pragma unroll
-          for (int k16 = 1; k16 < HALVES; ++k16) c = lp_wmma_i8(a[mi][k16], b[ni][k16], c);
-          #pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            float& v = acc[(mi * C::NF + ni) * 8 + e];
-            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[e] * sw[ni], v);
-            if (T::MIN) v = __builtin_fmaf(-xs[e], wm[ni], v);
+          for (int e = 0; e < C::EL; ++e) {
+            float& v = acc[(mi * C::NF + ni) * C::EL + e];
+            v = __builtin_fmaf(lp_magic_to_float(c[e]), dx[e] * sw[ni][e], v);
+            if (T::MIN) v = __builtin_fmaf(-xs[e], wm[ni][e], v);
           }
         }
         // one row of fragments at a time: the scheduler would otherwise form every fragment's scale
         // products up front (VGPR pressure on gfx11)
-        __builtin_amdgcn_sched_barrier(0);
+        lp_sched_barrier();
       }
     }
   }
 #else
-  (void)t; (void)acc; (void)rb; (void)wb;
+  (void)t; (void)acc;
   __builtin_trap();  // no matrix cores here: the family declares itself unsupported (codegen/targets.py)
 #endif
 }
@@ -690,7 +561,7 @@ __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C
 template <class C, int SPLIT, int RES>
 __device__ __forceinline__ void lp_gemm_mma_store(const LpGemmArgs& a, int seg, int coff, int r0, int w0,
                                                   const float (&acc)[C::ACC]) {
-#if defined(LP_MMA) || defined(LP_WMMA)
+#if defined(LP_FRAGMENTS)
   const int wave = lp_wave();
   const int rb = r0 + (wave % C::WR) * C::WTR, wb = w0 + (wave / C::WR) * C::WTW;
   #pragma unroll
@@ -711,7 +582,7 @@ template <class C, int F>
 __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C::ACC]) {
   typedef LpW<F> T;
   const int tw = lp_tid() % 16, tr = lp_tid() / 16;
-  if constexpr (T::ACT == 3) {
+  if constexpr (T::ACT == LP_ACT_F16) {
     #pragma unroll 1
     for (int ch = 0; ch < 8; ++ch) {
       lp_u4 b[C::DJ];
@@ -763,7 +634,7 @@ __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C
       #pragma unroll
       for (int i = 0; i < C::DI; ++i) {
         const int row = tr + C::RG * i;
-        const float dx = T::ACT == 2 ? t.xd[row] : t.xd[row * 4 + s];
+        const float dx = T::ACT == LP_ACT_Q8_K ? t.xd[row] : t.xd[row * 4 + s];
         const float xs = T::MIN ? t.xs[row * NSB + s] : 0.0f;
         #pragma unroll
         for (int j = 0; j < C::DJ; ++j) {
@@ -795,7 +666,7 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
   typedef LpGemmSmem<TR, TW, F> L;
   const int n = a.n[seg], k = a.k;
   const int w0 = tile * TW, r0 = lp_bid_y() * TR;
-  const int nkt = T::ACT == 3 ? (k + 63) / 64 : (k + 127) / 128;
+  const int nkt = T::ACT == LP_ACT_F16 ? (k + 63) / 64 : (k + 127) / 128;
   const int per = (nkt + a.splits - 1) / a.splits;
   const int kt0 = SPLIT ? lp_min(nkt, (int)lp_bid_z() * per) : 0;
   const int kt1 = SPLIT ? lp_min(nkt, kt0 + per) : nkt;
@@ -809,9 +680,9 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
   t.xs = (float*)(smem + L::XS);
 
   const LpWPlanes<F> wp = lp_weight_planes<F>(a.w[seg], n, k);
-  const int nb = T::ACT == 3 ? k : k / T::QK;
+  const int nb = T::ACT == LP_ACT_F16 ? k : k / T::BLOCK;
   LpXSrc xsrc;
-  if (T::ACT == 3) {
+  if (T::ACT == LP_ACT_F16) {
     xsrc.qs = (const int8_t*)a.x;
     xsrc.d = nullptr;
     xsrc.bsums = nullptr;

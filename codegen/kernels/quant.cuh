@@ -7,7 +7,8 @@
 // bytes], planes in field order, each starting on a 256-byte boundary. On the CPU they are read in place
 // from the mapped GGUF, block after block with each block's fields side by side ("blocks"). LpCursor walks
 // the fields of a block in the order of core/formats.py FORMATS for either layout, and each field is an
-// LpField: where that field of block `blk` starts. The format code below is the same for both.
+// LpField: where that field of block `blk` starts. Each LpWeight<F> takes its block size, bytes and
+// activation format from formats.h's LpFormat<F> (generated from core/formats.py), for either layout.
 //
 // Each LpWeight<F> has
 //   value(row, i)  element i of the row, dequantized with the same float32 operations in the same
@@ -21,19 +22,12 @@
 //                  The pieces of a block are taken by consecutive lanes, so a wave reads consecutive
 //                  16-byte chunks of the quant plane (a Q4_K super-block's 128-byte qs plane is
 //                  8 lanes x 16 B; see each format's comment for its split).
-// The activation a weight takes is ir/ops.py ACTIVATION_FORMAT: q8_0 (Q4_0, Q5_0, Q8_0), q8_1 (Q4_1,
+// The activation a weight takes is core/formats.py ACTIVATION_FORMAT: q8_0 (Q4_0, Q5_0, Q8_0), q8_1 (Q4_1,
 // Q5_1), q8_k (the K-quants: 256-value blocks, f32 scale, 16-value sums), f16 values (F16 weights).
 // Sums equal the CPU twin's x_values @ dequantize(W)^T up to float rounding: every product of
 // quantized integers is exact, and a block's terms are summed in a different order than BLAS does.
 #pragma once
 #include "common.cuh"
-
-// Names here are prefixed (LP_FMT_, LpWeight) so that this header can share a translation unit with
-// the other families' kernel sources, which define their own LP_Q4_K and LpW.
-enum LpWeightFormat { LP_FMT_F32, LP_FMT_F16, LP_FMT_BF16, LP_FMT_Q4_0, LP_FMT_Q4_1, LP_FMT_Q5_0, LP_FMT_Q5_1,
-                      LP_FMT_Q8_0, LP_FMT_Q2_K, LP_FMT_Q3_K, LP_FMT_Q4_K, LP_FMT_Q5_K, LP_FMT_Q6_K };
-// activation formats: the first three are common.cuh's lp_q8_rows codes
-enum LpActFormat { LP_ACT_Q8_0 = 0, LP_ACT_Q8_1 = 1, LP_ACT_Q8_K = 2, LP_ACT_F16 = 3, LP_ACT_NONE = 4 };
 
 // lp_dot4 of the words common.cuh's byte tricks make
 __device__ __forceinline__ int lp_idot4(uint32_t a, uint32_t b, int c) { return lp_dot4((int)a, (int)b, c); }
@@ -111,8 +105,7 @@ struct LpScaleBytes {
 template <int F, LpLayout L = LP_PLANAR> struct LpWeight;
 
 // F32 / F16 / BF16: one field "v" [rows, k] (both layouts are the plain values)
-template <LpLayout L> struct LpWeight<LP_FMT_F32, L> {
-  static constexpr int BLOCK = 1, BYTES = 4, ACT = LP_ACT_NONE;
+template <LpLayout L> struct LpWeight<LP_FMT_F32, L> : LpFormat<LP_FMT_F32> {
   LpField<float, 4> v;
   int k;
   __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
@@ -121,8 +114,7 @@ template <LpLayout L> struct LpWeight<LP_FMT_F32, L> {
   __device__ float value(size_t row, int i) const { return v[row * k + i]; }
 };
 
-template <LpLayout L> struct LpWeight<LP_FMT_BF16, L> {
-  static constexpr int BLOCK = 1, BYTES = 2, ACT = LP_ACT_NONE;
+template <LpLayout L> struct LpWeight<LP_FMT_BF16, L> : LpFormat<LP_FMT_BF16> {
   LpField<uint16_t, 2> v;
   int k;
   __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
@@ -132,8 +124,8 @@ template <LpLayout L> struct LpWeight<LP_FMT_BF16, L> {
 };
 
 // F16 x f16 activations: a piece is 8 values (16 bytes of the row); products and sums in float.
-template <LpLayout L> struct LpWeight<LP_FMT_F16, L> {
-  static constexpr int BLOCK = 1, BYTES = 2, PIECE = 8, ACT = LP_ACT_F16;
+template <LpLayout L> struct LpWeight<LP_FMT_F16, L> : LpFormat<LP_FMT_F16> {
+  static constexpr int PIECE = 8;
   LpField<uint16_t, 2> v;
   int k;
   __device__ LpWeight(const void* base, int rows, int k_) : k(k_) {
@@ -196,8 +188,8 @@ __device__ __forceinline__ void lp_dot_block32(const LpX& x, int nb, int b, int 
 }
 
 // Q8_0: d f16, qs[32] i8. x q8_0. A piece is half a block: 16 qs bytes; 2 lanes per block.
-template <LpLayout L> struct LpWeight<LP_FMT_Q8_0, L> {
-  static constexpr int BLOCK = 32, BYTES = 34, PIECE = 16, ACT = LP_ACT_Q8_0;
+template <LpLayout L> struct LpWeight<LP_FMT_Q8_0, L> : LpFormat<LP_FMT_Q8_0> {
+  static constexpr int PIECE = 16;
   using Cur = LpCursor<L, BYTES>;
   LpField<lp_half, Cur::template STRIDE<2>> d;
   LpField<int8_t, Cur::template STRIDE<32>> qs;
@@ -226,11 +218,12 @@ template <LpLayout L> struct LpWeight<LP_FMT_Q8_0, L> {
 //   Q4_1: d f16, m f16, qs[16]: d * q + m. x q8_1; the min meets the exact sum of the block's x values.
 //   Q5_0: d f16, qh u32, qs[16]: d * ((nibble | high bit << 4) - 16). x q8_0.
 //   Q5_1: d f16, m f16, qh u32, qs[16]: d * (nibble | high bit << 4) + m. x q8_1.
-template <bool HI, bool MIN, LpLayout L> struct LpWeight32 {
-  static constexpr int BLOCK = 32, BYTES = 18 + (MIN ? 2 : 0) + (HI ? 4 : 0), PIECE = 32;
-  static constexpr int ACT = MIN ? LP_ACT_Q8_1 : LP_ACT_Q8_0;
+template <int F, LpLayout L> struct LpWeight32 : LpFormat<F> {
+  using LpFormat<F>::MIN;
+  static constexpr bool HI = F == LP_FMT_Q5_0 || F == LP_FMT_Q5_1;
+  static constexpr int PIECE = 32;
   static constexpr uint32_t OFFSET = MIN ? 0 : (HI ? 16 : 8);  // subtracted from q where there is no min
-  using Cur = LpCursor<L, BYTES>;
+  using Cur = LpCursor<L, LpFormat<F>::BYTES>;
   LpField<lp_half, Cur::template STRIDE<2>> d, m = {};
   LpField<uint32_t, Cur::template STRIDE<4>> qh = {};
   LpField<uint8_t, Cur::template STRIDE<16>> qs;
@@ -268,17 +261,17 @@ template <bool HI, bool MIN, LpLayout L> struct LpWeight32 {
     lp_dot_block32<C, 2, MIN>(x, nb, p, 0, v, lp_h2f(d[blk]), MIN ? lp_h2f(m[blk]) : 0.0f, ncols, acc);
   }
 };
-template <LpLayout L> struct LpWeight<LP_FMT_Q4_0, L> : LpWeight32<false, false, L> {
-  using LpWeight32<false, false, L>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_0, L> : LpWeight32<LP_FMT_Q4_0, L> {
+  using LpWeight32<LP_FMT_Q4_0, L>::LpWeight32;
 };
-template <LpLayout L> struct LpWeight<LP_FMT_Q4_1, L> : LpWeight32<false, true, L> {
-  using LpWeight32<false, true, L>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_1, L> : LpWeight32<LP_FMT_Q4_1, L> {
+  using LpWeight32<LP_FMT_Q4_1, L>::LpWeight32;
 };
-template <LpLayout L> struct LpWeight<LP_FMT_Q5_0, L> : LpWeight32<true, false, L> {
-  using LpWeight32<true, false, L>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_0, L> : LpWeight32<LP_FMT_Q5_0, L> {
+  using LpWeight32<LP_FMT_Q5_0, L>::LpWeight32;
 };
-template <LpLayout L> struct LpWeight<LP_FMT_Q5_1, L> : LpWeight32<true, true, L> {
-  using LpWeight32<true, true, L>::LpWeight32;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_1, L> : LpWeight32<LP_FMT_Q5_1, L> {
+  using LpWeight32<LP_FMT_Q5_1, L>::LpWeight32;
 };
 
 // The K-quants meet q8_k activations super-block by super-block: acc[c] += the activation's scale times
@@ -316,8 +309,8 @@ __device__ __forceinline__ void lp_dot_block256(const LpX& x, int nb, int b, int
 // (formats.bits(qs, 2, 32)). x q8_k. A piece is 16 qs bytes = 64 values; 4 lanes per super-block:
 // lane l (G = l / 2, h = l % 2) takes qs[32G + 16h, +16): values 128G + 32s + 16h + t (s < 4, t < 16),
 // sub-blocks 8G + 2s + h.
-template <LpLayout L> struct LpWeight<LP_FMT_Q2_K, L> {
-  static constexpr int BLOCK = 256, BYTES = 84, PIECE = 64, ACT = LP_ACT_Q8_K;
+template <LpLayout L> struct LpWeight<LP_FMT_Q2_K, L> : LpFormat<LP_FMT_Q2_K> {
+  static constexpr int PIECE = 64;
   using Cur = LpCursor<L, BYTES>;
   LpField<uint8_t, Cur::template STRIDE<16>> scales;
   LpField<uint8_t, Cur::template STRIDE<64>> qs;
@@ -362,8 +355,8 @@ template <LpLayout L> struct LpWeight<LP_FMT_Q2_K, L> {
 // qs[32G + i] (formats.bits(qs, 2, 32)), value v its mask bit at bit v / 32 of hmask[v % 32]
 // (formats.bits(hmask, 1, 32)). x q8_k. Pieces as Q2_K: lane l (G = l / 2, h = l % 2) takes
 // qs[32G + 16h, +16) and hmask[16h, +16) (mask bits 4G + s).
-template <LpLayout L> struct LpWeight<LP_FMT_Q3_K, L> {
-  static constexpr int BLOCK = 256, BYTES = 110, PIECE = 64, ACT = LP_ACT_Q8_K;
+template <LpLayout L> struct LpWeight<LP_FMT_Q3_K, L> : LpFormat<LP_FMT_Q3_K> {
+  static constexpr int PIECE = 64;
   using Cur = LpCursor<L, BYTES>;
   LpField<uint8_t, Cur::template STRIDE<32>> hmask;
   LpField<uint8_t, Cur::template STRIDE<64>> qs;
@@ -414,9 +407,10 @@ template <LpLayout L> struct LpWeight<LP_FMT_Q3_K, L> {
 // super-block: lane l (g = l / 2, h = l % 2) takes qs[32g + 16h, +16): low nibbles are values
 // 64g + 16h + t (sub-block 2g, bsum 4g + h), high nibbles 64g + 32 + 16h + t (sub-block 2g + 1, bsum
 // 4g + 2 + h); Q5_K's high bits for both are in qh[16h, +16).
-template <bool Q5, LpLayout L> struct LpWeightK45 {
-  static constexpr int BLOCK = 256, BYTES = Q5 ? 176 : 144, PIECE = 32, ACT = LP_ACT_Q8_K;
-  using Cur = LpCursor<L, BYTES>;
+template <int F, LpLayout L> struct LpWeightK45 : LpFormat<F> {
+  static constexpr bool Q5 = F == LP_FMT_Q5_K;
+  static constexpr int PIECE = 32;
+  using Cur = LpCursor<L, LpFormat<F>::BYTES>;
   LpField<lp_half, Cur::template STRIDE<2>> d, dmin;
   LpField<uint8_t, Cur::template STRIDE<12>> scales;
   LpField<uint8_t, Cur::template STRIDE<32>> qh = {};
@@ -467,11 +461,11 @@ template <bool Q5, LpLayout L> struct LpWeightK45 {
                                 lp_h2f(dmin[blk]), ncols, acc);
   }
 };
-template <LpLayout L> struct LpWeight<LP_FMT_Q4_K, L> : LpWeightK45<false, L> {
-  using LpWeightK45<false, L>::LpWeightK45;
+template <LpLayout L> struct LpWeight<LP_FMT_Q4_K, L> : LpWeightK45<LP_FMT_Q4_K, L> {
+  using LpWeightK45<LP_FMT_Q4_K, L>::LpWeightK45;
 };
-template <LpLayout L> struct LpWeight<LP_FMT_Q5_K, L> : LpWeightK45<true, L> {
-  using LpWeightK45<true, L>::LpWeightK45;
+template <LpLayout L> struct LpWeight<LP_FMT_Q5_K, L> : LpWeightK45<LP_FMT_Q5_K, L> {
+  using LpWeightK45<LP_FMT_Q5_K, L>::LpWeightK45;
 };
 
 // Q6_K: ql[128], qh[64], scales[16] i8, d f16. Sub-block j (16 values): d * scales[j] * (q - 32), q the
@@ -481,8 +475,8 @@ template <LpLayout L> struct LpWeight<LP_FMT_Q5_K, L> : LpWeightK45<true, L> {
 // u = l % 4) takes ql[64G + 16u, +16): low nibbles are values 128G + 16u + t (sub-block 8G + u, high
 // bits at shift 2 * (u / 2)), high nibbles 128G + 64 + 16u + t (sub-block 8G + 4 + u, shift 4 + 2 * (u / 2));
 // both read qh[32G + 16 * (u % 2), +16).
-template <LpLayout L> struct LpWeight<LP_FMT_Q6_K, L> {
-  static constexpr int BLOCK = 256, BYTES = 210, PIECE = 32, ACT = LP_ACT_Q8_K;
+template <LpLayout L> struct LpWeight<LP_FMT_Q6_K, L> : LpFormat<LP_FMT_Q6_K> {
+  static constexpr int PIECE = 32;
   using Cur = LpCursor<L, BYTES>;
   LpField<uint8_t, Cur::template STRIDE<128>> ql;
   LpField<uint8_t, Cur::template STRIDE<64>> qh;

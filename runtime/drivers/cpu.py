@@ -19,6 +19,7 @@ from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core.errors import InputError
 from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, planes
+from llmplan.core.plan_records import PlanBody, PlanHeader
 
 from ..driver import Call, Graph, Region, Scalar
 from ..numpy_kernels import KERNELS, MappedRows, Packed
@@ -49,17 +50,17 @@ class CpuDriver(HostDriver):
     name = "cpu"
     lib: CpuLibrary | None = None  # the compiled kernels (None: the plan's calls are the NumPy twins)
 
-    def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
-        backend = header["device"]["backend"]
+    def load(self, body: PlanBody, header: PlanHeader) -> None:
+        backend = header.device.backend
         if backend != "cpu":
-            raise InputError(f"a {backend} plan ({header['device']['arch']}) does not run on the cpu driver: run it "
+            raise InputError(f"a {backend} plan ({header.device.arch}) does not run on the cpu driver: run it "
                              "with --device emu, or compile for the CPU (plan compile ... --device cpu)")
-        cpu = body["cpu"]
-        if cpu["kernels"] != "native":
+        cpu = body.cpu
+        if cpu.kernels != "native":
             return
-        params = {name: k["params"] for name, k in body["kernels"].items()}
+        params = {name: k.params for name, k in body.kernels.items()}
         t0 = time.perf_counter()
-        self.lib = CpuLibrary(cpu["source"], params, cpu["isa"])
+        self.lib = CpuLibrary(cpu.source, params, cpu.isa)
         self.build_s = time.perf_counter() - t0
         with _POOL:
             self.lib.set_threads(self.threads or len(os.sched_getaffinity(0)))

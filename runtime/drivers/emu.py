@@ -5,10 +5,11 @@ kernels as written. Device memory is host memory; a launch gets the addresses of
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from llmplan.codegen.emu import EmuLibrary, mode_for
 from llmplan.core.errors import InputError
+from llmplan.core.plan_records import PlanBody, PlanHeader
 
 from ..driver import Call, Region
 from .host import HostDriver
@@ -17,13 +18,13 @@ from .host import HostDriver
 class EmuDriver(HostDriver):
     name = "emu"
 
-    def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
-        dev = header["device"]
-        if dev["backend"] not in ("cuda", "hip") or "gpu" not in body:
+    def load(self, body: PlanBody, header: PlanHeader) -> None:
+        dev = header.device
+        if dev.backend not in ("cuda", "hip") or body.gpu is None:
             raise InputError("the emulated GPU runs GPU plans; this plan is for the CPU (run it without --device emu)")
-        kernels = {name: (tuple(k["params"]), k["block"]) for name, k in body["kernels"].items()}
+        kernels = {name: (tuple(k.params), k.block) for name, k in body.kernels.items()}
         t0 = time.perf_counter()
-        self.lib = EmuLibrary.from_plan(body["gpu"]["source"], kernels, dev["wave"], mode_for(dev["int8_matrix"]))
+        self.lib = EmuLibrary.from_plan(body.gpu.source, kernels, dev.wave, mode_for(dev.int8_matrix))
         self.build_s = time.perf_counter() - t0
         if self.threads:
             self.lib.set_threads(self.threads)

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from llmplan.core.errors import InputError
+from llmplan.core.plan_records import PlanBody, PlanHeader
 
 from ..driver import Call, Driver, Pending, Region
 from .host import typed
@@ -115,28 +116,28 @@ class StreamDriver(Driver):
     overlaps = True
     PARAM_CONSTANTS: tuple[int, int, int]  # BUFFER_POINTER, BUFFER_SIZE, END of the backend's launch API
 
-    def load(self, body: dict[str, Any], header: dict[str, Any]) -> None:
-        dev = header["device"]
+    def load(self, body: PlanBody, header: PlanHeader) -> None:
+        dev = header.device
         here = self.arch()
-        if dev["backend"] != self.name or dev["arch"] != here:
-            raise InputError(f"this plan is for {dev['backend']} {dev['arch']}; the device here is {self.name} {here}: "
+        if dev.backend != self.name or dev.arch != here:
+            raise InputError(f"this plan is for {dev.backend} {dev.arch}; the device here is {self.name} {here}: "
                              f"recompile with plan compile ... --device {self.name}")
-        if "gpu" not in body:
-            raise InputError(f"this plan's header says {dev['arch']}, but it holds no GPU kernels: recompile it")
-        self.params = {name: tuple(k["params"]) for name, k in body["kernels"].items()}
-        self.module = self.load_module(body["gpu"]["binary"])
+        if body.gpu is None:
+            raise InputError(f"this plan's header says {dev.arch}, but it holds no GPU kernels: recompile it")
+        self.params = {name: tuple(k.params) for name, k in body.kernels.items()}
+        self.module = self.load_module(body.gpu.binary)
         self.functions = {name: self.function(self.module, name) for name in self.params}
         # opt in once, before any capture, to the most dynamic shared memory any launch of a kernel asks,
         # where it and the kernel's static shared memory (its manifest's) pass what a block gets without
         # opting in: CUDA's default dynamic limit is that less the static bytes
         smem: dict[str, int] = {}
-        for p in body["phases"].values():
-            for launch in p["launches"]:
-                for k in launch["kernels"]:
-                    smem[k["name"]] = max(smem.get(k["name"], 0), k["smem"])
-        manifests = body["gpu"].get("manifests", {})
+        for p in body.phases.values():
+            for launch in p.launches:
+                for k in launch.kernels:
+                    smem[k.name] = max(smem.get(k.name, 0), k.smem)
+        manifests = body.gpu.manifests
         for name, n in smem.items():
-            if n and manifests.get(name, {}).get("shared_bytes", 0) + n > dev["smem_per_block"]:
+            if n and manifests.get(name, {}).get("shared_bytes", 0) + n > dev.smem_per_block:
                 self.opt_in_smem(self.functions[name], n)
         self.pinned = PinnedPool(self.pinned_alloc)
 
