@@ -108,7 +108,7 @@ def lower_phases(model: Model, device: DeviceFacts, limits: Limits):
     table = model.weight_table()
     phases, texts, declines = {}, {}, {}
     for phase in PHASES:
-        traced = trace_model(model.definition, model.config, model.weight_table(), phase, limits["ctx"])
+        traced = trace_model(model.definition, model.config, model.weight_table(), phase, limits.ctx)
         table |= weight_table(traced)  # with the views of tensors stored fused (core/weight_views.py)
         snaps = run_passes(traced)
         fused = snaps[-1].graph
