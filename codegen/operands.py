@@ -350,10 +350,11 @@ ROPE_MODES = {"norm": 0, "neox": 1}
 
 @dataclass(frozen=True)
 class RopeKv:
-    """rope_kv and norm_rope_kv: q and k rotated (after their per-head norms), k and v written to the
-    paged cache at each row's position."""
+    """rope_kv and norm_rope_kv: q and k rotated (after their biases or their per-head norms), k and v
+    (v after its bias) written to the paged cache at each row's position."""
 
     norm: bool
+    bias: bool
     mode: str
     rows: Dim
     heads: int
@@ -362,39 +363,45 @@ class RopeKv:
     args: tuple[Arg, ...]
 
 
-def rope_kv_params(norm: bool) -> tuple[Param, ...]:
-    """q, k, v, pos, seq, pages, cache, the rope table, [q_norm, k_norm,] q_out, heads, kv_heads, d, dims,
-    layer, npages, blocks[, eps]; `npages` (the page table's row length) and `blocks` (the cache's) are
-    symbols the runtime binds."""
+def rope_kv_params(norm: bool, bias: bool = False) -> tuple[Param, ...]:
+    """q, k, v, pos, seq, pages, cache, the rope table, [q_norm, k_norm,] [q_bias, k_bias, v_bias,] q_out,
+    heads, kv_heads, d, dims, layer, npages, blocks[, eps]; `npages` (the page table's row length) and
+    `blocks` (the cache's) are symbols the runtime binds."""
     return (("const float*", "q"), ("const float*", "k"), ("const float*", "v"), ("const int*", "pos"),
             ("const int*", "seq"), ("const int*", "pages"), ("lp_half*", "cache"), ("const float*", "table"),
-            *((("const float*", "q_norm"), ("const float*", "k_norm")) if norm else ()), ("float*", "q_out"),
-            ("int", "heads"), ("int", "kv_heads"), ("int", "d"), ("int", "dims"), ("int", "layer"), ("int", "npages"),
-            ("int", "blocks"), *((("float", "eps"),) if norm else ()))
+            *((("const float*", "q_norm"), ("const float*", "k_norm")) if norm else ()),
+            *((("const float*", "q_bias"), ("const float*", "k_bias"), ("const float*", "v_bias")) if bias else ()),
+            ("float*", "q_out"), ("int", "heads"), ("int", "kv_heads"), ("int", "d"), ("int", "dims"), ("int", "layer"),
+            ("int", "npages"), ("int", "blocks"), *((("float", "eps"),) if norm else ()))
 
 
 def rope_kv(launch: Launch, ctx: Context) -> RopeKv:
     op, a = _op(launch, "rope_kv"), launch.attrs
     q, k, v, pos, seq, pages, cache = launch.args[:7]
-    extra = launch.args[7:]
+    norm, bias = op == "norm_rope_kv", bool(a.get("bias"))
+    extra = launch.args[7:len(launch.args) - 3 * bias]
+    biases = launch.args[len(launch.args) - 3 * bias:]
     rows, width = ctx.shape(q)
     heads, kv_heads, dims = a["heads"], a["kv_heads"], a["dims"]
     d = width // heads
     _fail(width % heads == 0 and dims % 2 == 0 and 0 < dims <= d,
           f"rope_kv: {heads} heads of {width} features cannot rotate {dims} dims")
     _fail(a["mode"] in ROPE_MODES, f"rope_kv: rotation mode {a['mode']!r} is not one of {', '.join(ROPE_MODES)}")
-    norm = op == "norm_rope_kv"
+    _fail(not (norm and bias), "norm_rope_kv: no kernel adds biases before the per-head norms (no model has both)")
     factors = None if norm or not extra else extra[0].name
     if norm:
         _fail(ctx.shape(extra[0])[0] == d and ctx.shape(extra[1])[0] == d,
               f"norm_rope_kv: q/k norm weights must have head_dim {d} values")
-    values = {"q": q, "k": k, "v": v, "pos": pos, "seq": seq, "pages": pages, "cache": cache,
-              "table": RopeTable(a["base"], a["scale"], dims, factors, "ctx"), "q_norm": extra[0] if norm else None,
-              "k_norm": extra[1] if norm else None, "q_out": launch.outs[0], "heads": I32(heads),
+    for b, n in zip(biases, (heads * d, kv_heads * d, kv_heads * d)):
+        _fail(tuple(ctx.shape(b)) == (n,), f"rope_kv: bias {b.name} has shape {ctx.shape(b)}, not ({n},)")
+    table = RopeTable(a["base"], a["scale"], dims, factors, "ctx", a.get("mscale", 1.0))
+    values = {"q": q, "k": k, "v": v, "pos": pos, "seq": seq, "pages": pages, "cache": cache, "table": table,
+              "q_norm": extra[0] if norm else None, "k_norm": extra[1] if norm else None,
+              **dict(zip(("q_bias", "k_bias", "v_bias"), biases)), "q_out": launch.outs[0], "heads": I32(heads),
               "kv_heads": I32(kv_heads), "d": I32(d), "dims": I32(dims), "layer": I32(a["layer"]),
               "npages": I32("pages"), "blocks": I32("blocks"), "eps": F32(a.get("eps", 0.0))}
-    args = _bind(rope_kv_params(norm), values)
-    return RopeKv(norm, a["mode"], rows, heads, kv_heads, d, args)
+    args = _bind(rope_kv_params(norm, bias), values)
+    return RopeKv(norm, bias, a["mode"], rows, heads, kv_heads, d, args)
 
 
 # --- attention ---------------------------------------------------------------------------------------

@@ -35,21 +35,23 @@ def rope_theta(pos: np.ndarray, dims: int, base: float, scale: float, factors: n
     return (np.asarray(pos).astype(np.float64) * scale)[:, None] * freqs[None, :]
 
 
-def rope_table(positions: int, dims: int, base: float, scale: float, factors: np.ndarray | None = None) -> np.ndarray:
-    """(cos, sin) of rope_theta for positions 0..positions-1, rounded to float32: [positions, dims / 2, 2],
-    the table the GPU kernels read instead of computing sin/cos (codegen/families/rope_kv.py)."""
+def rope_table(positions: int, dims: int, base: float, scale: float, factors: np.ndarray | None = None,
+               mscale: float = 1.0) -> np.ndarray:
+    """(cos, sin) of rope_theta for positions 0..positions-1, times mscale, rounded to float32:
+    [positions, dims / 2, 2], the table the kernels read instead of computing sin/cos
+    (codegen/families/rope_kv.py)."""
     theta = rope_theta(np.arange(positions), dims, base, scale, factors)
-    return np.stack([np.cos(theta), np.sin(theta)], axis=-1).astype(np.float32)
+    return (np.stack([np.cos(theta), np.sin(theta)], axis=-1) * mscale).astype(np.float32)
 
 
 def rope(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, base: float, scale: float, mode: str,
-         factors: np.ndarray | None = None) -> np.ndarray:
-    """Rotate each head's first `dims` features by position pos[r] * scale; frequency i is
-    base^(-2i/dims) / factors[i]. "norm" pairs (2i, 2i+1), "neox" pairs (i, i + dims/2)."""
+         factors: np.ndarray | None = None, mscale: float = 1.0) -> np.ndarray:
+    """Rotate each head's first `dims` features by position pos[r] * scale and multiply them by mscale;
+    frequency i is base^(-2i/dims) / factors[i]. "norm" pairs (2i, 2i+1), "neox" pairs (i, i + dims/2)."""
     rows = x.shape[0]
     hx = x.reshape(rows, heads, -1).astype(np.float64)
     theta = rope_theta(pos, dims, base, scale, factors)
-    cos, sin = np.cos(theta)[:, None, :], np.sin(theta)[:, None, :]
+    cos, sin = np.cos(theta)[:, None, :] * mscale, np.sin(theta)[:, None, :] * mscale
     out = hx.copy()
     i0, i1 = (slice(0, dims, 2), slice(1, dims, 2)) if mode == "norm" else (slice(0, dims // 2), slice(dims // 2, dims))
     x0, x1 = hx[..., i0], hx[..., i1]

@@ -29,6 +29,7 @@ TRAITS: dict[str, OpTraits] = {
     "matmul_segmented": OpTraits("matmul"),
     "matmul_residual": OpTraits("matmul"),
     "rope": OpTraits(None),
+    "bias_add": OpTraits(None),
     "kv_store": OpTraits(None, updates=0),
     "rope_kv": OpTraits("rope_kv", updates=6),
     "norm_rope_kv": OpTraits("rope_kv", updates=6),

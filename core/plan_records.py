@@ -85,6 +85,7 @@ class RopeTable:
     dims: int
     factors: str | None  # a weight holding per-frequency divisors, or none
     positions: Dim
+    mscale: float = 1.0  # cos and sin times this (LongRoPE's attention factor)
     KIND: ClassVar[str] = "rope_table"
 
 
@@ -292,8 +293,9 @@ def ref_to_wire(r: Ref) -> dict[str, Any]:
     if isinstance(r, Scratch):
         return {"scratch": r.name, "dtype": r.dtype, "shape": list(r.shape), "offset": r.offset, "bytes": r.bytes}
     if isinstance(r, RopeTable):
+        mscale = {"mscale": r.mscale} if r.mscale != 1.0 else {}
         return {"rope_table": {"base": r.base, "scale": r.scale, "dims": r.dims, "factors": r.factors,
-                               "positions": r.positions}}
+                               "positions": r.positions, **mscale}}
     return {r.KIND: r.value}
 
 
@@ -371,8 +373,9 @@ def ref_from_wire(obj: Any, where: str) -> Ref:
     if kind == "rope_table":
         t = _value(dict[str, Any], obj["rope_table"], f"{where}.rope_table")
         at = f"{where}.rope_table"
-        return RopeTable(*(_value(tp, t.get(k), f"{at}.{k}") for k, tp in (
-            ("base", float), ("scale", float), ("dims", int), ("factors", str | None), ("positions", Dim))))
+        return RopeTable(*(_value(tp, t.get(k, d), f"{at}.{k}") for k, tp, d in (
+            ("base", float, None), ("scale", float, None), ("dims", int, None), ("factors", str | None, None),
+            ("positions", Dim, None), ("mscale", float, 1.0))))
     if kind == "i32":
         return I32(_value(Dim, obj["i32"], f"{where}.i32"))
     return F32(_value(float, obj["f32"], f"{where}.f32"))

@@ -31,8 +31,12 @@ def matmul_segmented(ts, a):
 
 def _rope_kv(ts, a, q_norm=None, k_norm=None):
     q, k, v, pos, seq, pages, cache = ts[:7]
-    factors = ts[7:]
-    rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"])
+    factors, biases = ts[7:len(ts) - 3 * a["bias"]], ts[len(ts) - 3 * a["bias"]:]
+    _need(len(factors) <= 1, f"rope_kv takes one factors operand and{'' if a['bias'] else ' no'} biases, got "
+                             f"{len(ts)} operands")
+    rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"], mscale=a["mscale"])
+    if biases:
+        q, k, v = (_prim("bias_add", [x, b])[0] for x, b in zip((q, k, v), biases))
     if q_norm is not None:
         q = _prim("rmsnorm", [q, q_norm], eps=a["eps"])[0]
         k = _prim("rmsnorm", [k, k_norm], eps=a["eps"])[0]
@@ -42,21 +46,24 @@ def _rope_kv(ts, a, q_norm=None, k_norm=None):
     return qr, new_cache
 
 
-_ROPE_ATTRS = dict(heads="int", kv_heads="int", dims="int", base="float", scale="float", mode="str", layer="int")
+_ROPE_ATTRS = dict(heads="int", kv_heads="int", dims="int", base="float", scale="float", mode="str", layer="int",
+                   mscale="float=1.0", bias="bool=false")
 
 
-@op("q k v pos seq pages cache factors?", **_ROPE_ATTRS)
+@op("q k v pos seq pages cache factors? q_bias? k_bias? v_bias?", **_ROPE_ATTRS)
 def rope_kv(ts, a):
     """(rope(q), kv_store[layer](cache, rope(k), v, seq, pages, pos)): rotary embedding of queries and
-    keys and the K/V cache write in one pass over the rows."""
+    keys and the K/V cache write in one pass over the rows. With bias, the last three operands are the
+    q, k and v projections' biases, added first (bias_add)."""
     return _rope_kv(ts, a)
 
 
-@op("q k v pos seq pages cache q_norm k_norm", eps="float", **_ROPE_ATTRS)
+@op("q k v pos seq pages cache q_norm k_norm q_bias? k_bias? v_bias?", eps="float", **_ROPE_ATTRS)
 def norm_rope_kv(ts, a):
-    """rope_kv with per-head RMSNorm of queries and keys first (Gemma 3):
-    (rope(rmsnorm(q, q_norm)), kv_store(cache, rope(rmsnorm(k, k_norm)), v, seq, pages, pos))."""
-    return _rope_kv(ts[:7], a, q_norm=ts[7], k_norm=ts[8])
+    """rope_kv with per-head RMSNorm of queries and keys first (Gemma 3, Qwen3):
+    (rope(rmsnorm(q, q_norm)), kv_store(cache, rope(rmsnorm(k, k_norm)), v, seq, pages, pos)); biases
+    as rope_kv's, added before the norms."""
+    return _rope_kv(ts[:7] + ts[9:], a, q_norm=ts[7], k_norm=ts[8])
 
 
 _ATTN_ATTRS = dict(layer="int", heads="int", kv_heads="int", scale="float", window="int")

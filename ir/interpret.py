@@ -26,7 +26,7 @@ def _rmsnorm(a, x, w):
 
 
 def _rope(a, x, pos, factors=None):
-    return num.rope(x, pos, a["heads"], a["dims"], a["base"], a["scale"], a["mode"], factors)
+    return num.rope(x, pos, a["heads"], a["dims"], a["base"], a["scale"], a["mode"], factors, a["mscale"])
 
 
 def _pack(a, x):
@@ -44,13 +44,25 @@ def _attention(a, q, cache, seq, pages, pos):
 
 # --- fused ops: the compositions they stand for (see ir/fused.py) --------------------------------
 
-def _rope_kv(a, q, k, v, pos, seq, pages, cache, factors=None):
+def _biased(a, q, k, v, rest):
+    """(q, k, v) with their biases added where the op has them, and the operands before the biases."""
+    if not a["bias"]:
+        return q, k, v, rest
+    *rest, bq, bk, bv = rest
+    return q + bq, k + bk, v + bv, rest
+
+
+def _rope_kv(a, q, k, v, pos, seq, pages, cache, *rest):
+    q, k, v, rest = _biased(a, q, k, v, rest)
+    factors = rest[0] if rest else None
     qr = _rope({**a, "heads": a["heads"]}, q, pos, factors)
     kr = _rope({**a, "heads": a["kv_heads"]}, k, pos, factors)
     return qr, _kv_store(a, cache, kr, v, seq, pages, pos)
 
 
-def _norm_rope_kv(a, q, k, v, pos, seq, pages, cache, q_norm, k_norm):
+def _norm_rope_kv(a, q, k, v, pos, seq, pages, cache, q_norm, k_norm, *biases):
+    q, k, v, _ = _biased(a, q, k, v, biases)
+    a = {**a, "bias": False}
     return _rope_kv(a, _rmsnorm(a, q, q_norm), _rmsnorm(a, k, k_norm), v, pos, seq, pages, cache)
 
 
@@ -68,6 +80,7 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "kv_store": _kv_store,
     "attention": _attention,
     "add": lambda a, x, y: x + y,
+    "bias_add": lambda a, x, b: x + b,
     "mul": lambda a, x, y: x * y,
     "scale": lambda a, x: x * np.float32(a["factor"]),
     "silu": lambda a, x: num.silu(x),

@@ -26,6 +26,7 @@ class OpDef:
     attrs: dict[str, str]  # name -> kind in ATTR_KINDS
     infer: Callable[[list[Type], dict[str, Any]], tuple[Type, ...]]
     doc: str
+    defaults: dict[str, Any]  # the attributes a node may leave unsaid, and what they then are
 
     @property
     def min_operands(self) -> int:
@@ -40,14 +41,34 @@ REGISTRY: dict[str, OpDef] = {}
 
 
 def op(operands: str, **attrs: str) -> Callable:
-    """Register the decorated inference function as op `<function name>`; its docstring is the op's."""
+    """Register the decorated inference function as op `<function name>`; its docstring is the op's.
+    An attribute is `kind` or `kind=default` (`mscale="float=1.0"`): one with a default may be left
+    out, and the printer leaves it out where it holds its default, so adding one changes no old text."""
+    kinds, defaults = {}, {}
+    for name, spec in attrs.items():
+        kind, _, default = spec.partition("=")
+        kinds[name] = kind
+        if default:
+            defaults[name] = {"bool": lambda s: s == "true"}.get(kind, ATTR_KINDS[kind])(default)
 
     def register(infer: Callable) -> Callable:
         name = infer.__name__.rstrip("_")
-        REGISTRY[name] = OpDef(name, tuple(operands.split()), attrs, infer, (infer.__doc__ or "").strip())
+        REGISTRY[name] = OpDef(name, tuple(operands.split()), kinds, infer, (infer.__doc__ or "").strip(), defaults)
         return infer
 
     return register
+
+
+def with_defaults(name: str, attrs: dict[str, Any]) -> dict[str, Any]:
+    """A node's attributes with every one it left unsaid at its default."""
+    opdef = REGISTRY.get(name)
+    return attrs if opdef is None else opdef.defaults | attrs
+
+
+def is_default(name: str, attr: str, value: Any) -> bool:
+    """Whether an attribute holds its op's default (the printer leaves it out)."""
+    d = REGISTRY[name].defaults
+    return attr in d and type(d[attr]) is type(value) and d[attr] == value
 
 
 def _need(ok: bool, message: str) -> None:
@@ -134,11 +155,12 @@ def matmul(ts, a):
     return (Type("f32", (x.shape[0], w.shape[0])),)
 
 
-@op("x pos factors?", heads="int", dims="int", base="float", scale="float", mode="str")
+@op("x pos factors?", heads="int", dims="int", base="float", scale="float", mode="str", mscale="float=1.0")
 def rope(ts, a):
     """Rotary position embedding of each head's first `dims` features at position pos[r] * scale;
-    frequency i is base^(-2i/dims), divided by factors[i] when given. mode "norm" rotates adjacent
-    pairs (2i, 2i+1) (llama), "neox" pairs (i, i + dims/2) (gemma)."""
+    frequency i is base^(-2i/dims), divided by factors[i] when given; the rotated features are
+    multiplied by mscale (LongRoPE's attention factor), the others kept. mode "norm" rotates adjacent
+    pairs (2i, 2i+1) (llama), "neox" pairs (i, i + dims/2) (gemma, qwen, phi)."""
     x, pos = ts[0], ts[1]
     _dtype(x, "f32", what="rope input")
     _dtype(pos, "i32", what="rope positions")
@@ -209,6 +231,17 @@ def _elementwise(ts):
 def add(ts, a):
     """a + b"""
     return _elementwise(ts)
+
+
+@op("x b")
+def bias_add(ts, a):
+    """x + b for every row of x: a projection's bias (Qwen2's q, k and v)."""
+    x, b = ts
+    _dtype(x, "f32", what="bias_add input")
+    _dtype(b, "f32", what="bias")
+    _rank(b, 1, "bias")
+    _same(x.shape[-1], b.shape[0], "bias width vs rows")
+    return (x,)
 
 
 @op("a b")

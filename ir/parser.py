@@ -7,7 +7,7 @@ from typing import Any
 
 from .errors import ParseError
 from .graph import Graph, Node, Value, make_node
-from .ops import REGISTRY
+from .ops import REGISTRY, with_defaults
 from .types import Type, parse_type
 
 _HEADER = re.compile(r"graph (?P<name>[\w.\-]+)\((?P<sig>.*)\) \{$")
@@ -74,7 +74,7 @@ def parse_graph(text: str) -> Graph:
                     k, _, v = a.partition("=")
                     attrs[k.strip()] = _attr_value(v.strip())
                 operands = [names[o] for o in _split(n["operands"] or "")]
-                node = add(n["op"], operands, attrs, [parse_type(t) for t in _split(n["types"])])
+                node = add(n["op"], operands, with_defaults(n["op"], attrs), [parse_type(t) for t in _split(n["types"])])
                 for i, r in enumerate(_split(n["results"])):
                     names[r] = Value(node.id, i)
             elif (r := _RETURN.match(line)):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from .graph import Graph, Value
+from .ops import is_default
 
 
 def format_attr(v: Any) -> str:
@@ -48,7 +49,8 @@ def print_graph(g: Graph) -> str:
             names[(v := n.out if i == 0 else Value(n.id, i))] = f"%{counter}"
             results.append(names[v])
             counter += 1
-        attrs = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in n.attrs) + "]" if n.attrs else ""
+        said = [(k, v) for k, v in n.attrs if not is_default(n.op, k, v)]
+        attrs = "[" + ", ".join(f"{k}={format_attr(v)}" for k, v in said) + "]" if said else ""
         operands = ", ".join(names[o] for o in n.operands)
         types = ", ".join(str(t) for t in n.types)
         lines.append(f"  {', '.join(results)} = {n.op}{attrs}{' ' + operands if operands else ''} : {types}")

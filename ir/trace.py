@@ -4,8 +4,8 @@ A model definition (models/llama.py, models/gemma3.py) is ordinary Python that r
 `nn` and calls `nn.rmsnorm(x, w, eps=...)`, `nn.matmul(x, w)` and every other op of the registry by
 name; each call types its result through the op's schema, so a mistake in a definition fails at the
 line that made it. The phase decides the graph's inputs (`nn.tokens`, `nn.pos`, `nn.seq`, `nn.pages`,
-`nn.cache`)
-and what `nn.last_rows` does. Tracing runs once per (architecture, phase, weight table).
+`nn.cache`) and what `nn.last_rows` does; `nn.ctx` is the context a sequence may reach (LongRoPE picks
+its factors by it). Tracing runs once per (architecture, phase, weight table, context).
 """
 
 from __future__ import annotations
@@ -15,9 +15,10 @@ from typing import Any, Callable
 
 from llmplan.core.formats import ACTIVATION_FORMAT
 from llmplan.core.numerics import PAGE
+from llmplan.core.weight_views import view_name
 
 from .graph import Graph, Node, Value, make_node
-from .ops import REGISTRY, infer
+from .ops import REGISTRY, infer, with_defaults
 from .types import Dim, Type
 
 PHASES = ("prefill", "decode", "decode-batch")
@@ -39,10 +40,10 @@ class Traced:
 
 
 class Tracer:
-    def __init__(self, name: str, phase: str, weights: dict[str, Type], cache: Type):
+    def __init__(self, name: str, phase: str, weights: dict[str, Type], cache: Type, ctx: int):
         if phase not in PHASES:
             raise ValueError(f"unknown phase {phase!r} (phases: {', '.join(PHASES)})")
-        self.name, self.phase = name, phase
+        self.name, self.phase, self.ctx = name, phase, ctx
         self._weight_types = weights
         self._nodes: list[Node] = []
         self._weights: dict[str, Traced] = {}
@@ -63,17 +64,26 @@ class Tracer:
     def _input(self, name: str, t: Type) -> Traced:
         return self._add("input", [], {"name": name}, (t,))[0]
 
-    def weight(self, name: str) -> Traced:
+    def weight(self, name: str, rows: tuple[int, int] | None = None) -> Traced:
+        """A model tensor, or with `rows` = (lo, hi) its rows lo..hi-1 as a weight of their own (a projection
+        stored fused with others in the file: core/weight_views.py)."""
+        if name not in self._weight_types:
+            raise KeyError(f"the model has no tensor {name}")
+        t = self._weight_types[name]
+        if rows is not None:
+            lo, hi = rows
+            if not 0 <= lo < hi <= t.shape[0]:
+                raise ValueError(f"rows {lo}:{hi} are outside the {t.shape[0]} rows of {name}")
+            name, t = view_name(name, lo, hi), t.with_shape(hi - lo, *t.shape[1:])
         if name not in self._weights:
-            if name not in self._weight_types:
-                raise KeyError(f"the model has no tensor {name}")
-            self._weights[name] = self._add("weight", [], {"name": name}, (self._weight_types[name],))[0]
+            self._weights[name] = self._add("weight", [], {"name": name}, (t,))[0]
         return self._weights[name]
 
     def emit(self, op: str, *operands: Traced, **attrs: Any) -> Traced | tuple[Traced, ...]:
         for o in operands:
             if not isinstance(o, Traced) or o.tracer is not self:
                 raise TypeError(f"{op}: operand {o!r} is not a value of this trace")
+        attrs = with_defaults(op, attrs)
         types = infer(op, [o.type for o in operands], attrs)
         out = self._add(op, list(operands), attrs, types)
         return out[0] if len(out) == 1 else tuple(out)
@@ -103,17 +113,23 @@ class Tracer:
 
 
 @lru_cache(maxsize=32)
-def _trace_cached(definition: Callable, config, weights: tuple[tuple[str, Type], ...], phase: str) -> Graph:
+def _trace_cached(definition: Callable, config, weights: tuple[tuple[str, Type], ...], phase: str, ctx: int) -> Graph:
     c = config
     cache = Type("f16", (c.n_layers, 2, "blocks", PAGE, c.kv_dim))
-    nn = Tracer(c.arch, phase, dict(weights), cache)
+    nn = Tracer(c.arch, phase, dict(weights), cache, ctx)
     logits, cache_out = definition(nn, c)
     return nn.finish(logits=logits, cache=cache_out)
 
 
-def trace_model(definition: Callable, config, weights: dict[str, tuple[str, tuple[int, ...]]], phase: str) -> Graph:
+def trace_model(definition: Callable, config, weights: dict[str, tuple[str, tuple[int, ...]]], phase: str,
+                ctx: int | None = None) -> Graph:
     """The graph of one phase of a model: `definition(nn, config)` (models/llama.py, models/gemma3.py)
     called with a Tracer. `weights` maps tensor names to (format, shape in NumPy order); `config` is a
-    models.config.ModelConfig."""
+    models.config.ModelConfig; `ctx` the context a sequence may reach (default the model's own)."""
     table = tuple(sorted((n, Type(fmt.lower(), tuple(shape))) for n, (fmt, shape) in weights.items()))
-    return _trace_cached(definition, config, table, phase)
+    return _trace_cached(definition, config, table, phase, config.context_length if ctx is None else ctx)
+
+
+def weight_table(g: Graph) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """The weights a graph reads, as trace_model's table names them (views of fused tensors included)."""
+    return {n.name: (n.types[0].dtype.upper(), tuple(n.types[0].shape)) for n in g.order if n.op == "weight"}

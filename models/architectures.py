@@ -8,8 +8,10 @@ from . import gemma3, llama
 from .config import SUPPORTED_ARCHITECTURES
 from .errors import ConfigError
 
-DEFINITIONS: dict[str, Callable] = {"llama": llama.decoder, "gemma3": gemma3.decoder}
-assert set(DEFINITIONS) <= set(SUPPORTED_ARCHITECTURES)  # a config may be read before its definition exists
+# the Llama family's variants are switches of one definition (models/llama.py)
+DEFINITIONS: dict[str, Callable] = {"llama": llama.decoder, "qwen2": llama.decoder, "qwen3": llama.decoder,
+                                    "phi3": llama.decoder, "gemma3": gemma3.decoder}
+assert set(DEFINITIONS) == set(SUPPORTED_ARCHITECTURES)
 
 
 def definition(arch: str) -> Callable:

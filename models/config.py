@@ -84,12 +84,13 @@ class ModelConfig:
     def rope_factors(self, ctx: int) -> str | None:
         """The tensor of per-frequency divisors the rotary embedding uses at a context of `ctx` tokens per
         sequence, as llama.cpp's get_rope_factors picks it: rope_freqs.weight where the file has it; with
-        LongRoPE the long factors once the context exceeds the original one, else the short; else none.
-        (llama.cpp rounds its context up to a multiple of 256 first.)"""
+        LongRoPE the long factors once the context, rounded up to a multiple of 256 as llama.cpp rounds
+        it, exceeds the original one, else the short; else none."""
         if self.rope_freqs:
             return "rope_freqs.weight"
         if self.longrope:
-            return "rope_factors_long.weight" if ctx > self.rope_original_context else "rope_factors_short.weight"
+            padded = -(-ctx // 256) * 256  # llama.cpp's context is a multiple of 256
+            return "rope_factors_long.weight" if padded > self.rope_original_context else "rope_factors_short.weight"
         return None
 
     def layer_rope(self, layer: int) -> tuple[float, float]:

@@ -20,6 +20,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from llmplan.core.errors import InputError
+from llmplan.core.weight_views import parse_view
 
 from .errors import GGUFEndianError, GGUFError
 from .strings import StringArray
@@ -388,9 +389,22 @@ class GGUFFile:
 
     # tensor data ----------------------------------------------------------------------------
 
+    def weight(self, name: str) -> TensorInfo:
+        """A tensor of the table, or a view of rows of one (core/weight_views.py): its own TensorInfo,
+        whose bytes are that range of the tensor's."""
+        view = parse_view(name)
+        if view is None:
+            return self.tensors[name]
+        tensor, lo, hi = view
+        t = self.tensors[tensor]
+        if hi > t.n_rows:
+            raise KeyError(f"{name}: {t.name} has {t.n_rows} rows")
+        return TensorInfo(name, (*t.shape[:-1], hi - lo), t.type, t.offset + lo * t.row_bytes, (hi - lo) * t.row_bytes)
+
     def tensor_bytes(self, name: str) -> np.ndarray:
-        """The raw bytes of one tensor as a read-only uint8 view of the mapped file (no copy)."""
-        t = self.tensors[name]
+        """The raw bytes of one weight (a tensor or a view of one) as a read-only uint8 view of the mapped
+        file (no copy)."""
+        t = self.weight(name)
         if self._map is None:
             self._map = np.memmap(self.path, dtype=np.uint8, mode="r")
         return self._map[t.offset : t.offset + t.nbytes]
@@ -401,7 +415,7 @@ class GGUFFile:
         touched."""
         if self._map is None:
             return
-        t = self.tensors[name]
+        t = self.weight(name)
         hi = t.nbytes if hi is None else min(hi, t.nbytes)
         start = -(-(t.offset + lo) // mmap.PAGESIZE) * mmap.PAGESIZE
         end = (t.offset + hi) // mmap.PAGESIZE * mmap.PAGESIZE

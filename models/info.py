@@ -10,6 +10,7 @@ from typing import Any
 from .config import config_from_gguf
 from .gguf import GGUFFile, TensorInfo
 from .model import bind_tensors
+from .vocab import check_tokenizer
 
 TOKENIZER_KINDS = {"llama": "SentencePiece", "gpt2": "byte-level BPE"}
 
@@ -34,6 +35,7 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
     f = GGUFFile(path)
     cfg = config_from_gguf(f)
     weights = bind_tensors(f, cfg) if f.tensors else {}
+    check_tokenizer(f)
     tokens = f.get("tokenizer.ggml.tokens")
     model_kind = f.get("tokenizer.ggml.model")
     return {

@@ -1,5 +1,9 @@
-"""The Llama 2 / 3 / 3.1 decoder (also Mistral-style GQA), written against the tracer: `nn` provides
-the ops and the phase's inputs (see ir/trace.py); this module imports nothing from ir/."""
+"""The Llama-family decoder, written against the tracer (see ir/trace.py): Llama 2 / 3.x, Mistral, Qwen2
+and Qwen2.5, Qwen3, Phi-3 / 3.5 / 4 and SmolLM2 are this one block with a few switches the config reads
+from the file (models/config.py): q/k/v biases (Qwen2), per-head query/key norms (Qwen3), q|k|v and
+gate|up stored fused (Phi-3, read as row ranges of the one tensor), rotary pairs and partial rotary,
+per-frequency divisors (Llama 3.1's rope_freqs, Phi-3's LongRoPE factors with their attention factor),
+a head tied to the embedding. This module imports nothing from ir/."""
 
 from __future__ import annotations
 
@@ -9,24 +13,39 @@ from .config import ModelConfig
 def decoder(nn, c: ModelConfig):
     x = nn.embed(nn.weight("token_embd.weight"), nn.tokens)
     cache = nn.cache
-    # Llama 3.1 divides each rotary frequency by a per-frequency factor (rope_freqs.weight)
-    factors = (nn.weight("rope_freqs.weight"),) if c.rope_freqs else ()
-    rope = dict(dims=c.rope_dims, base=c.rope_base, scale=c.rope_scale, mode="norm")
+    factors = c.rope_factors(nn.ctx)
+    rope = dict(dims=c.rope_dims, base=c.rope_base, scale=c.rope_scale, mode=c.rope_mode, mscale=c.rope_attn_factor)
+    rope_factors = (nn.weight(factors),) if factors else ()
+    qkv_rows = (0, c.q_dim), (c.q_dim, c.q_dim + c.kv_dim), (c.q_dim + c.kv_dim, c.q_dim + 2 * c.kv_dim)
     for i in range(c.n_layers):
-        def w(name: str):
-            return nn.weight(f"blk.{i}.{name}.weight")
+        def w(name: str, rows: tuple[int, int] | None = None):
+            return nn.weight(f"blk.{i}.{name}.weight", rows)
 
         h = nn.rmsnorm(x, w("attn_norm"), eps=c.norm_eps)
-        q = nn.rope(nn.matmul(h, w("attn_q")), nn.pos, *factors, heads=c.n_heads, **rope)
-        k = nn.rope(nn.matmul(h, w("attn_k")), nn.pos, *factors, heads=c.n_kv_heads, **rope)
-        v = nn.matmul(h, w("attn_v"))
+
+        def project(j: int, name: str, norm: str = ""):
+            """q, k or v: its projection (rows j of a fused q|k|v), bias, per-head norm and rotation."""
+            t = nn.matmul(h, w("attn_qkv", qkv_rows[j]) if c.fused_qkv else w(name))
+            if c.qkv_bias:
+                t = nn.bias_add(t, nn.weight(f"blk.{i}.{name}.bias"))
+            if norm and c.qk_norm:
+                t = nn.rmsnorm(t, w(norm), eps=c.norm_eps)
+            heads = (c.n_heads, c.n_kv_heads, 0)[j]
+            return nn.rope(t, nn.pos, *rope_factors, heads=heads, **rope) if heads else t
+
+        q, k, v = project(0, "attn_q", "attn_q_norm"), project(1, "attn_k", "attn_k_norm"), project(2, "attn_v")
         cache = nn.kv_store(cache, k, v, nn.seq, nn.pages, nn.pos, layer=i)
         o = nn.attention(q, cache, nn.seq, nn.pages, nn.pos, layer=i, heads=c.n_heads, kv_heads=c.n_kv_heads,
                          scale=c.attn_scale, window=0)
         x = nn.add(x, nn.matmul(o, w("attn_output")))
 
         h = nn.rmsnorm(x, w("ffn_norm"), eps=c.norm_eps)
-        g = nn.mul(nn.silu(nn.matmul(h, w("ffn_gate"))), nn.matmul(h, w("ffn_up")))
+
+        def ffn(j: int, name: str):
+            """gate (j 0) or up (1): its own tensor, or rows j of a fused gate|up ffn_up."""
+            return w("ffn_up", (j * c.ffn_dim, (j + 1) * c.ffn_dim)) if c.fused_gate_up else w(name)
+
+        g = nn.mul(nn.silu(nn.matmul(h, ffn(0, "ffn_gate"))), nn.matmul(h, ffn(1, "ffn_up")))
         x = nn.add(x, nn.matmul(g, w("ffn_down")))
 
     x = nn.rmsnorm(nn.last_rows(x), nn.weight("output_norm.weight"), eps=c.norm_eps)

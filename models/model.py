@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from llmplan.core.errors import FormatError
 from llmplan.core.formats import dequantize, format_of
 
 from .architectures import definition
@@ -12,6 +13,7 @@ from .config import ModelConfig, config_from_gguf
 from .errors import ConfigError
 from .gguf import GGUFFile, TensorInfo
 from .tensor_table import expected_tensors
+from .vocab import check_tokenizer
 
 
 def bind_tensors(f: GGUFFile, c: ModelConfig) -> dict[str, TensorInfo]:
@@ -29,7 +31,10 @@ def bind_tensors(f: GGUFFile, c: ModelConfig) -> dict[str, TensorInfo]:
         t = f.tensors[name]
         if t.shape != shape:
             raise ConfigError(f"{f.path}: tensor {name} has shape {t.shape}, the config implies {shape}")
-        format_of(t.type)
+        try:
+            format_of(t.type)
+        except FormatError as e:
+            raise FormatError(f"{f.path}: tensor {name}: {e}") from None
     return {n: f.tensors[n] for n in want}
 
 
@@ -41,8 +46,9 @@ class Model:
     weights: dict[str, TensorInfo]
 
     def dequantize(self, name: str):
-        """One weight as float32 in NumPy order (rows first): [out, in] for a matrix."""
-        t = self.weights[name]
+        """One weight (a tensor, or a view of its rows) as float32 in NumPy order (rows first): [out, in]
+        for a matrix."""
+        t = self.file.weight(name)
         return dequantize(self.file.tensor_bytes(name), t.type, t.shape[::-1])
 
     @property
@@ -59,4 +65,6 @@ def open_model(path: str | os.PathLike) -> Model:
     """Open, validate and bind a model file; weights stay memory-mapped in the file."""
     f = GGUFFile(path)
     c = config_from_gguf(f)
-    return Model(f.path, f, c, bind_tensors(f, c))
+    model = Model(f.path, f, c, bind_tensors(f, c))
+    check_tokenizer(f)
+    return model

@@ -132,13 +132,7 @@ def read_vocab(gguf: GGUFFile) -> Vocab:
     model = gguf.get("tokenizer.ggml.model")
     if model is None:
         raise TokenizerError(f"{path}: no tokenizer.ggml.model: the file carries no tokenizer")
-    if not isinstance(model, str):
-        raise TokenizerError(f"{path}: tokenizer.ggml.model must be a string")
-    if model in ("no_vocab", "none"):
-        raise TokenizerError(f"{path}: the model has no vocabulary (tokenizer.ggml.model = {model!r})")
-    if model not in ("llama", "gpt2", "gemma4"):
-        raise TokenizerError(f"{path}: unsupported tokenizer.ggml.model {model!r} (supported: 'llama' for "
-                             "SentencePiece, 'gpt2' for byte-level BPE, 'gemma4' for Gemma 4's BPE)")
+    _check_model(gguf, model)
     kind = "spm" if model == "llama" else "bpe"
 
     tokens = _array(gguf, "tokenizer.ggml.tokens", (GGUFValueType.STRING,), None)
@@ -220,6 +214,28 @@ def _rstrip(model_name: str, special: list[int], token_to_id: StringIndex) -> fr
         return frozenset()
     ids = set(special) | {token_to_id[t] for t in ("</s>",) if t in token_to_id}
     return frozenset(ids - {token_to_id[t] for t in ("<unk>", "<s>", "<|endoftext|>") if t in token_to_id})
+
+
+def check_tokenizer(gguf: GGUFFile) -> None:
+    """Refuse a file whose tokenizer we cannot run (its tokenizer model or pre-tokenizer name) from the
+    metadata alone, so that `plan info` and `plan compile` say so before a plan is made; a file with no
+    tokenizer at all is left to the commands that need one."""
+    model = gguf.get("tokenizer.ggml.model")
+    if model is None:
+        return
+    _check_model(gguf, model)
+    if model != "llama":
+        _pre_tokenizer_name(gguf, model)
+
+
+def _check_model(gguf: GGUFFile, model) -> None:
+    if not isinstance(model, str):
+        raise TokenizerError(f"{gguf.path}: tokenizer.ggml.model must be a string")
+    if model in ("no_vocab", "none"):
+        raise TokenizerError(f"{gguf.path}: the model has no vocabulary (tokenizer.ggml.model = {model!r})")
+    if model not in ("llama", "gpt2", "gemma4"):
+        raise TokenizerError(f"{gguf.path}: unsupported tokenizer.ggml.model {model!r} (supported: 'llama' for "
+                             "SentencePiece, 'gpt2' for byte-level BPE, 'gemma4' for Gemma 4's BPE)")
 
 
 def _pre_tokenizer_name(gguf: GGUFFile, model: str) -> str:

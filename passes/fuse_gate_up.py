@@ -4,7 +4,8 @@
     %u = matmul %h, @blk.N.ffn_up.weight
  => %g, %u = matmul_segmented %h, @blk.N.ffn_gate.weight, @blk.N.ffn_up.weight
 
-Declined, as fuse-qkv, when the two take differently packed activations.
+A layer that stores gate|up as one ffn_up tensor (Phi-3) reads them as its two row ranges, fused the
+same way. Declined, as fuse-qkv, when the two take differently packed activations.
 """
 
 from __future__ import annotations
@@ -17,4 +18,4 @@ NAME = "fuse-gate-up"
 
 
 def run(g: Graph) -> tuple[Graph, list[str]]:
-    return fuse_segments(g, NAME, ("ffn_gate", "ffn_up"))
+    return fuse_segments(g, NAME, ("ffn_gate", "ffn_up"), "ffn_up")

@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from llmplan.ir.graph import Graph, Node, Value, make_node
-from llmplan.ir.ops import infer
+from llmplan.ir.ops import infer, with_defaults
 from llmplan.ir.types import Type
 
 
@@ -77,6 +77,7 @@ class Rewriter:
 
     def emit(self, op: str, operands: list[Value], at: Node, **attrs: Any) -> Node:
         """A new node, typed by its op's schema, placed where `at` was."""
+        attrs = with_defaults(op, attrs)
         types = infer(op, [self.type_of(o) for o in operands], attrs)
         node = make_node(self._next, op, operands, attrs, types)
         self._key[node.id] = self._key[at.id] + 1e-6 * (len(self._new) + 1) / (1 + len(self._key))

@@ -41,7 +41,7 @@ from llmplan.core.plan_records import (
 from llmplan.core.planfile import FORMAT_VERSION, model_fingerprint, read_header, write_plan
 from llmplan.core.tune_store import TuneStore
 from llmplan.ir.printer import print_graph
-from llmplan.ir.trace import PHASES, trace_model
+from llmplan.ir.trace import PHASES, trace_model, weight_table
 from llmplan.models.info import decode_bytes_per_token
 from llmplan.models.model import Model, open_model
 from llmplan.passes.manager import run_passes
@@ -108,7 +108,9 @@ def lower_phases(model: Model, device: DeviceFacts, limits: Limits):
     table = model.weight_table()
     phases, texts, declines = {}, {}, {}
     for phase in PHASES:
-        snaps = run_passes(trace_model(model.definition, model.config, table, phase))
+        traced = trace_model(model.definition, model.config, model.weight_table(), phase, limits.ctx)
+        table |= weight_table(traced)  # with the views of tensors stored fused (core/weight_views.py)
+        snaps = run_passes(traced)
         fused = snaps[-1].graph
         texts[phase] = print_graph(fused)
         declines[phase] = [d for s in snaps for d in s.declines]

@@ -167,9 +167,10 @@ class Executor:
         if (name, layout) in self.weights:
             return
         w = self.body.weights[name]
-        if self.model.tensors[name].type.name != w.format:
-            raise InputError(f"weight {name}: the plan has it as {w.format}, the model file as "
-                             f"{self.model.tensors[name].type.name}: recompile the plan")
+        held = self.model.weight(name).type.name  # a tensor, or a view of its rows (core/weight_views.py)
+        if held != w.format:
+            raise InputError(f"weight {name}: the plan has it as {w.format}, the model file as {held}: "
+                             "recompile the plan")
         t0 = time.perf_counter()
         # a copy stands for the file's pages: they are released as its making is done with them
         release = lambda lo, hi: self.model.release(name, lo, hi)  # noqa: E731
@@ -193,9 +194,8 @@ class Executor:
         positions = spec.positions if isinstance(spec.positions, int) else dims[spec.positions]
         factors = None
         if spec.factors is not None:
-            t = self.model.tensors[spec.factors]
-            factors = dequantize(self.model.tensor_bytes(spec.factors), t.type)
-        table = np.ascontiguousarray(rope_table(positions, spec.dims, spec.base, spec.scale, factors))
+            factors = dequantize(self.model.tensor_bytes(spec.factors), self.model.weight(spec.factors).type)
+        table = np.ascontiguousarray(rope_table(positions, spec.dims, spec.base, spec.scale, factors, spec.mscale))
         self.tables[spec] = Region(self._hold(table), 0, table.nbytes, "f32", table.shape)
         self.load.tables += 1
 

@@ -105,14 +105,19 @@ def matmul(op, a, out, x, *rest):
 
 
 def rope_kv(op, a, out, q, k, v, pos, seq, pages, cache, *extra):
-    """rope_kv (extra = [factors]) and norm_rope_kv (extra = [q_norm, k_norm]): out[0] gets the roped
-    queries; keys and values go to the cache, which is out[1] itself."""
+    """rope_kv (extra = [factors]) and norm_rope_kv (extra = [q_norm, k_norm]), then the q, k and v
+    biases where the op has them (added first, in float32): out[0] gets the roped queries; keys and
+    values go to the cache, which is out[1] itself."""
+    if a.get("bias"):
+        *extra, bq, bk, bv = extra
+        q, k, v = q + bq, k + bk, v + bv
     factors = None
     if op == "norm_rope_kv":
         q, k = num.rmsnorm(q, extra[0], a["eps"]), num.rmsnorm(k, extra[1], a["eps"])
     elif extra:
         factors = extra[0]
-    rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"], factors=factors)
+    rope = dict(dims=a["dims"], base=a["base"], scale=a["scale"], mode=a["mode"], factors=factors,
+                mscale=a.get("mscale", 1.0))
     out[0][...] = num.rope(q, pos, a["heads"], **rope)
     num.store_kv(out[1], a["layer"], num.rope(k, pos, a["kv_heads"], **rope), v, seq, pages, pos)
 

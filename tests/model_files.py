@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 from gguf import GGUFValueType as V
@@ -36,3 +37,15 @@ def rewrite(src: Path, dst: Path, set_meta: dict[str, MetaValue] | None = None, 
         sources.append(src_name)
     w.write([[f.tensor_bytes(n)] for n in sources])
     return dst
+
+
+def retype(path: Path, name: str, ttype: int) -> Path:
+    """Declare tensor `name` of the GGUF at `path` as type `ttype`, in place, keeping its data region: for a
+    file in a format our writer cannot write (the new type must need no more bytes than the old)."""
+    data = bytearray(path.read_bytes())
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.index(key) + len(key)  # tensor names appear once, in the tensor infos
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    struct.pack_into("<I", data, at + 4 + 8 * n_dims, ttype)
+    path.write_bytes(bytes(data))
+    return path

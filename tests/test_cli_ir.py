@@ -45,7 +45,7 @@ def test_unsupported_architecture(cli, tmp_path):
     bert = rewrite(TINY_SPM, tmp_path / "bert.gguf", set_meta={"general.architecture": MetaValue(V.STRING, "bert")})
     code, out, err = cli("ir", bert)
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert "architecture 'bert' is not supported (supported: llama, gemma3" in err
+    assert "architecture 'bert' is not supported (supported: llama, gemma3, qwen2, qwen3, phi3)" in err
 
 
 def test_bad_arguments(cli):

@@ -29,6 +29,7 @@ from launch_records import lowered, phase_buffers, wire
 
 def all_kernels():
     return ([rope_kv.kernel(m, n) for m in operands.ROPE_MODES for n in (False, True)]
+            + [rope_kv.kernel(m, False, True) for m in operands.ROPE_MODES]
             + [glu.kernel(a, f) for a in operands.GLU_ACTS for f in glu.FORMATS]
             + [ew.kernel(o, v) for o in operands.EW_OPS for v in (4, 1)]
             + [ew.take_rows_kernel(b) for b in (16, 4, 2, 1)])
@@ -38,12 +39,13 @@ def all_kernels():
 
 def test_names_are_stable():
     names = [k.name for k in all_kernels()]
-    assert names[:4] == ["lp_rope_kv_norm", "lp_norm_rope_kv_norm", "lp_rope_kv_neox", "lp_norm_rope_kv_neox"]
-    assert names[4:14] == [f"lp_glu_pack_{a}_{f}" for a in ("silu", "gelu_tanh") for f in ("q8_0", "q8_1", "q8_k",
+    assert names[:6] == ["lp_rope_kv_norm", "lp_norm_rope_kv_norm", "lp_rope_kv_neox", "lp_norm_rope_kv_neox",
+                         "lp_rope_kv_norm_bias", "lp_rope_kv_neox_bias"]
+    assert names[6:16] == [f"lp_glu_pack_{a}_{f}" for a in ("silu", "gelu_tanh") for f in ("q8_0", "q8_1", "q8_k",
                                                                                              "f16", "bf16")]
-    assert names[14:26] == [f"lp_ew_{o}_v{v}" for o in ("add", "mul", "scale", "silu", "gelu_tanh", "softcap")
+    assert names[16:28] == [f"lp_ew_{o}_v{v}" for o in ("add", "mul", "scale", "silu", "gelu_tanh", "softcap")
                             for v in (4, 1)]
-    assert names[26:] == ["lp_take_rows_b16", "lp_take_rows_b4", "lp_take_rows_b2", "lp_take_rows_b1"]
+    assert names[28:] == ["lp_take_rows_b16", "lp_take_rows_b4", "lp_take_rows_b2", "lp_take_rows_b1"]
 
 
 def catalog(target) -> list:
@@ -180,17 +182,19 @@ def _bind(arrays, cache=None, weights=None, ctx_len=0):
             return weights[ref["weight"]]
         t = ref["rope_table"]
         f = None if t["factors"] is None else weights[t["factors"]]
-        return num.rope_table(ctx_len, t["dims"], t["base"], t["scale"], f)
+        return num.rope_table(ctx_len, t["dims"], t["base"], t["scale"], f, t.get("mscale", 1.0))
     return bind
 
 
 @needs_emulator
 @pytest.mark.parametrize("wave", [32, 64])
-@pytest.mark.parametrize("op,mode,d,dims,heads,kvh", [("rope_kv", "norm", 128, 128, 4, 2),
-                                                      ("rope_kv", "neox", 96, 64, 2, 1),
-                                                      ("norm_rope_kv", "neox", 256, 256, 4, 1),
-                                                      ("norm_rope_kv", "norm", 64, 32, 2, 2)])
-def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
+@pytest.mark.parametrize("op,mode,d,dims,heads,kvh,bias", [("rope_kv", "norm", 128, 128, 4, 2, False),
+                                                           ("rope_kv", "neox", 96, 64, 2, 1, False),
+                                                           ("norm_rope_kv", "neox", 256, 256, 4, 1, False),
+                                                           ("norm_rope_kv", "norm", 64, 32, 2, 2, False),
+                                                           ("rope_kv", "neox", 64, 48, 4, 2, True)])
+def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh, bias):
+    """bias: Qwen2's q/k/v biases, with a LongRoPE attention factor (mscale) and partial rotary."""
     rng = np.random.default_rng(d + dims)
     rows, layers, seqs, ctx_len, layer = 3, 2, 3, 64, 1
     pages, blocks = page_table(rng, seqs, ctx_len // num.PAGE)  # scrambled: each row's block is looked up
@@ -200,15 +204,20 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     pos, seq = np.array([0, 63, 17], np.int32), np.array([2, 0, 1], np.int32)
     weights = {"qn": rng.uniform(0.5, 1.5, d).astype(np.float32), "kn": rng.uniform(0.5, 1.5, d).astype(np.float32),
                "f": llama31_rope_factors(dims, 500000.0)}
+    weights |= {n: rng.standard_normal(w).astype(np.float32) for n, w in (("qb", heads * d), ("kb", kvh * d), ("vb", kvh * d))}
+    mscale = 1.19 if bias else 1.0
     attrs = {"base": 10000.0, "dims": dims, "heads": heads, "kv_heads": kvh, "layer": layer, "mode": mode,
              "scale": 1.0}
     extra = [{"weight": "f"}] if mode == "norm" and op == "rope_kv" else []
     if op == "norm_rope_kv":
         attrs["eps"] = 1e-6
         extra = [{"weight": "qn"}, {"weight": "kn"}]
+    if bias:
+        attrs |= {"bias": True, "mscale": mscale}
+        extra += [{"weight": "qb"}, {"weight": "kb"}, {"weight": "vb"}]
     ctx = Context(phase_buffers([{"dtype": "f32", "shape": ["rows", heads * d]}, {"dtype": "f32", "shape": ["rows", kvh * d]},
                    {"dtype": "f32", "shape": ["rows", kvh * d]}, {"dtype": "f32", "shape": ["rows", heads * d]}]),
-                  {"qn": ("F32", (d,)), "kn": ("F32", (d,)), "f": ("F32", (dims // 2,))}, TARGETS["sm_89"])
+                  {n: ("F32", w.shape) for n, w in weights.items()}, TARGETS["sm_89"])
     launch = lowered({"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"},
               {"state": "seq"}, {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]})
     (l,) = rope_kv.launches(launch, ctx)
@@ -225,8 +234,9 @@ def test_rope_kv_matches_twin(emulators, wave, op, mode, d, dims, heads, kvh):
     assert not np.isnan(q_out).any()
     assert nmse(q_out, want_q) < 1e-13  # exact-arithmetic class (< 1e-7)
     # the device is rope_f32 on the table, bit for bit (the host emulation rounds as the GPUs do)
-    table = num.rope_table(ctx_len, dims, 10000.0, 1.0, twin_extra[0] if extra and op == "rope_kv" else None)
-    qn = num.rmsnorm(q, weights["qn"], 1e-6) if op == "norm_rope_kv" else q
+    factors = weights["f"] if mode == "norm" and op == "rope_kv" else None
+    table = num.rope_table(ctx_len, dims, 10000.0, 1.0, factors, mscale)
+    qn = num.rmsnorm(q, weights["qn"], 1e-6) if op == "norm_rope_kv" else q + weights["qb"] if bias else q
     assert np.array_equal(q_out, rope_kv.rope_f32(qn, pos, heads, dims, mode, table))
     # K rows: the f16 of a float32 value within an ulp or two of the twin's; V rows exact; the rest untouched
     block, offset = pages[seq, pos // num.PAGE], pos % num.PAGE

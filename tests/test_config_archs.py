@@ -135,12 +135,16 @@ def test_architecture_traits():
 
 
 def test_longrope_factors_by_context():
-    """llama.cpp's get_rope_factors: the long factors once the context per sequence exceeds the original
-    context, the short ones up to it; rope_freqs where the file has them; nothing otherwise."""
+    """llama.cpp's get_rope_factors: the long factors once the context per sequence, rounded up to a
+    multiple of 256 as llama.cpp rounds it, exceeds the original context, the short ones up to it;
+    rope_freqs where the file has them; nothing otherwise."""
     phi = preset_config("tiny-phi3")
     assert (phi.rope_original_context, phi.context_length) == (32, 4096)
-    assert phi.rope_factors(32) == "rope_factors_short.weight"
-    assert phi.rope_factors(33) == "rope_factors_long.weight"
+    assert phi.rope_factors(32) == "rope_factors_long.weight"  # llama.cpp runs 256 positions at the least
+    mini = preset_config("phi3-mini")
+    assert mini.rope_original_context == 4096
+    assert mini.rope_factors(4000) == mini.rope_factors(4096) == "rope_factors_short.weight"
+    assert mini.rope_factors(4097) == "rope_factors_long.weight"
     assert preset_config("tiny-llama3").rope_factors(33) == "rope_freqs.weight"
     assert preset_config("tiny-qwen2").rope_factors(10 ** 6) is None
     # the converter's attention factor for 4096 / 32: sqrt(1 + ln 128 / ln 32), held as a float32

@@ -38,6 +38,7 @@ def catalog():
     ks += [glu.kernel(a, f) for a in operands.GLU_ACTS for f in OUT_FORMATS]
     ks += [ew.kernel(op) for op in operands.EW_OPS] + [ew.take_rows_kernel()]
     ks += [rope_kv.kernel(m, n) for m in ("norm", "neox") for n in (False, True)]
+    ks += [rope_kv.kernel(m, False, True) for m in ("norm", "neox")]
     ctx = context([{"dtype": "f32", "shape": ["rows", 256]}, {"dtype": "f32", "shape": [256]},
                    {"dtype": "f32", "shape": ["rows", 256]}], {})
     ks += [norm.launches(lowered({"op": "rmsnorm", "attrs": {"eps": 1e-5}, "args": [{"buf": 0}, {"buf": 1}],
@@ -231,11 +232,13 @@ def llama31_factors(dims: int) -> np.ndarray:
 
 @each_compiler
 @pytest.mark.parametrize("isa", ISAS)
-@pytest.mark.parametrize("op,mode,d,dims,heads,kvh", [("rope_kv", "norm", 128, 128, 4, 2),
-                                                      ("rope_kv", "neox", 96, 64, 2, 1),
-                                                      ("norm_rope_kv", "neox", 256, 256, 4, 1),
-                                                      ("norm_rope_kv", "norm", 64, 32, 2, 2)])
-def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
+@pytest.mark.parametrize("op,mode,d,dims,heads,kvh,bias", [("rope_kv", "norm", 128, 128, 4, 2, False),
+                                                           ("rope_kv", "neox", 96, 64, 2, 1, False),
+                                                           ("norm_rope_kv", "neox", 256, 256, 4, 1, False),
+                                                           ("norm_rope_kv", "norm", 64, 32, 2, 2, False),
+                                                           ("rope_kv", "neox", 64, 48, 4, 2, True)])
+def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, bias, isa, rng):
+    """bias: Qwen2's q/k/v biases, with a LongRoPE attention factor (mscale) and partial rotary."""
     rows, layers, seqs, ctx_len, layer = 3, 2, 3, 64, 1
     pages, blocks = page_table(rng, seqs, ctx_len // num.PAGE)
     q = (rng.standard_normal((rows, heads * d)) * 2).astype(np.float32)
@@ -244,18 +247,22 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
     pos, seq = np.array([0, 63, 17], np.int32), np.array([2, 0, 1], np.int32)
     weights = {"qn": rng.uniform(0.5, 1.5, d).astype(np.float32), "kn": rng.uniform(0.5, 1.5, d).astype(np.float32),
                "f": llama31_factors(dims)}
+    weights |= {n: rng.standard_normal(w).astype(np.float32) for n, w in (("qb", heads * d), ("kb", kvh * d), ("vb", kvh * d))}
+    mscale = 1.19 if bias else 1.0
     attrs = {"base": 10000.0, "dims": dims, "heads": heads, "kv_heads": kvh, "layer": layer, "mode": mode, "scale": 1.0}
     extra = [{"weight": "f"}] if mode == "norm" and op == "rope_kv" else []
     if op == "norm_rope_kv":
         attrs["eps"] = 1e-6
         extra = [{"weight": "qn"}, {"weight": "kn"}]
+    if bias:
+        attrs |= {"bias": True, "mscale": mscale}
+        extra += [{"weight": "qb"}, {"weight": "kb"}, {"weight": "vb"}]
     bufs = [{"dtype": "f32", "shape": ["rows", w]} for w in (heads * d, kvh * d, kvh * d, heads * d)]
     launch = lowered({"op": op, "attrs": attrs, "args": [{"buf": 0}, {"buf": 1}, {"buf": 2}, {"state": "pos"}, {"state": "seq"},
               {"state": "pages"}, {"cache": 1}, *extra], "outs": [{"buf": 3}, {"cache": 1}]})
-    launches = rope_kv.launches(launch, context(bufs, {"qn": ("F32", (d,)), "kn": ("F32", (d,)),
-                                                       "f": ("F32", (dims // 2,))}))
+    launches = rope_kv.launches(launch, context(bufs, {n: ("F32", w.shape) for n, w in weights.items()}))
     twin_extra = [weights[e["weight"]] for e in extra]
-    table = rope_table(ctx_len, dims, 10000.0, 1.0, twin_extra[0] if op == "rope_kv" and extra else None)
+    table = rope_table(ctx_len, dims, 10000.0, 1.0, weights["f"] if mode == "norm" and op == "rope_kv" else None, mscale)
     cache = rng.standard_normal((layers, 2, blocks, num.PAGE, kvh * d)).astype(np.float16)
     want_cache = cache.copy()
     q_out = np.full_like(q, np.nan)
@@ -266,7 +273,7 @@ def test_rope_kv_matches_the_twin(op, mode, d, dims, heads, kvh, isa, rng):
     want_q = np.empty_like(q)
     ck.rope_kv(op, attrs, [want_q, want_cache], q, k, v, pos, seq, pages, want_cache, *twin_extra)
     assert nmse(q_out, want_q) < 1e-13  # exact-arithmetic class (< 1e-7)
-    qn = num.rmsnorm(q, weights["qn"], 1e-6) if op == "norm_rope_kv" else q
+    qn = num.rmsnorm(q, weights["qn"], 1e-6) if op == "norm_rope_kv" else q + weights["qb"] if bias else q
     assert np.array_equal(q_out, rope_f32(qn, pos, heads, dims, mode, table))  # the GPU kernel's arithmetic
     block, offset = pages[seq, pos // num.PAGE], pos % num.PAGE
     written = np.zeros(cache.shape, bool)

@@ -41,7 +41,7 @@ def test_rope_is_a_rotation_by_position(mode):
     x = rng.standard_normal((3, heads * d)).astype(np.float32)
     pos = np.array([0, 1, 5], np.int32)
     factors = np.array([1.0, 2.0, 4.0], np.float32)
-    a = {"heads": heads, "dims": dims, "base": 100.0, "scale": 0.5, "mode": mode}
+    a = {"heads": heads, "dims": dims, "base": 100.0, "scale": 0.5, "mode": mode, "mscale": 1.0}
     out = IMPLS["rope"](a, x, pos, factors).reshape(3, heads, d)
     xh = x.reshape(3, heads, d)
     for r in range(3):
@@ -133,7 +133,7 @@ def test_activations():
 
 def test_interpreter_copies_a_cache_that_is_still_read():
     cache_t = Type("f16", (2, 2, "blocks", 16, 4))
-    nn = Tracer("t", "decode", {"e": Type("f32", (10, 4))}, cache_t)
+    nn = Tracer("t", "decode", {"e": Type("f32", (10, 4))}, cache_t, 64)
     x = nn.embed(nn.weight("e"), nn.tokens)
     c1 = nn.kv_store(nn.cache, x, x, nn.seq, nn.pages, nn.pos, layer=0)
     old = nn.attention(x, nn.cache, nn.seq, nn.pages, nn.pos, layer=0, heads=1, kv_heads=1, scale=1.0, window=0)

@@ -18,7 +18,7 @@ W = {"w.q": Type("q8_0", (64, 64)), "w.n": Type("f32", (64,)), "w.k": Type("q4_k
 
 
 def small_graph() -> Graph:
-    nn = Tracer("t", "prefill", W, CACHE)
+    nn = Tracer("t", "prefill", W, CACHE, 64)
     x = nn.embed(nn.weight("w.q"), nn.tokens)
     h = nn.rmsnorm(x, nn.weight("w.n"), eps=1e-5)
     y = nn.add(nn.matmul(h, nn.weight("w.q")), x)
@@ -56,7 +56,7 @@ def test_types():
 
 
 def test_tracer_rejects_bad_ops_at_the_call():
-    nn = Tracer("t", "decode", W, CACHE)
+    nn = Tracer("t", "decode", W, CACHE, 64)
     x = nn.embed(nn.weight("w.q"), nn.tokens)
     with pytest.raises(IRTypeError, match="q8_k blocks of 256 do not divide the rows of f32\\[1, 64\\]"):
         nn.matmul(x, nn.weight("w.k"))
@@ -66,13 +66,13 @@ def test_tracer_rejects_bad_ops_at_the_call():
         nn.rmsnorm(x, nn.weight("w.n"), eps=1)
     with pytest.raises(KeyError, match="no tensor nope"):
         nn.weight("nope")
-    other = Tracer("u", "decode", W, CACHE)
+    other = Tracer("u", "decode", W, CACHE, 64)
     with pytest.raises(TypeError, match="not a value of this trace"):
         nn.add(x, other.embed(other.weight("w.q"), other.tokens))
 
 
 def test_pack_is_shared_per_value_and_format():
-    nn = Tracer("t", "decode", W, CACHE)
+    nn = Tracer("t", "decode", W, CACHE, 64)
     x = nn.embed(nn.weight("w.q"), nn.tokens)
     nn.matmul(x, nn.weight("w.q"))
     nn.matmul(x, nn.weight("w.q"))

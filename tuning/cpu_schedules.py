@@ -78,7 +78,7 @@ def probe_schedules(kind: NativeTasks, d: Decision, cands: list[Schedule], round
             return arrays.setdefault(f"buf{ref.index}", random_operand(b.dtype, shp, rng))
         key = (ref.name, ref.layout)
         if key not in held:
-            t = kind.file.tensors[ref.name]
+            t = kind.file.weight(ref.name)
             made = (ref.layout, kind.file.tensor_bytes(ref.name), t.type.name, tuple(reversed(t.shape)))
             data = matmul.make_held(kind.lib, *made)  # the library's maker where it has one: faster
             held[key] = layouts.make(*made) if data is None else data

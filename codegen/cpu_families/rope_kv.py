@@ -14,15 +14,17 @@ from ..kernel import Context, Kernel, KernelLaunch
 from ..operands import ROPE_MODES, declare, i32, refs, rope_kv_params
 
 
-def kernel(mode: str, norm: bool) -> Kernel:
-    name = f"lp_cpu_{'norm_' if norm else ''}rope_kv_{mode}"
+def kernel(mode: str, norm: bool, bias: bool = False) -> Kernel:
+    name = f"lp_cpu_{'norm_' if norm else ''}rope_kv_{mode}{'_bias' if bias else ''}"
     norms = "q_norm, k_norm" if norm else "nullptr, nullptr"
-    call = (f"lp_cpu::rope_kv<{ROPE_MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, pos, seq, pages, cache, "
-            f"table, {norms}, q_out, rows, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
-    entry = f"LP_KERNEL void {name}({declare((*rope_kv_params(norm), ('int', 'rows')))}) {{ {call}; }}"
+    biases = "q_bias, k_bias, v_bias" if bias else "nullptr, nullptr, nullptr"
+    flags = f"{'true' if norm else 'false'}, {'true' if bias else 'false'}"
+    call = (f"lp_cpu::rope_kv<{ROPE_MODES[mode]}, {flags}>(q, k, v, pos, seq, pages, cache, table, {norms}, "
+            f"{biases}, q_out, rows, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
+    entry = f"LP_KERNEL void {name}({declare((*rope_kv_params(norm, bias), ('int', 'rows')))}) {{ {call}; }}"
     return Kernel(name, "rope_kv", "rope_kv.h", entry, 0)
 
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     c = operands.rope_kv(launch, ctx)
-    return [KernelLaunch(kernel(c.mode, c.norm), (1,), refs((*c.args, i32("rows", c.rows))))]
+    return [KernelLaunch(kernel(c.mode, c.norm, c.bias), (1,), refs((*c.args, i32("rows", c.rows))))]

@@ -57,15 +57,18 @@ def rope_f32(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, mode: str, t
     return out.reshape(x.shape)
 
 
-def kernel(mode: str, norm: bool) -> Kernel:
-    name = f"lp_{'norm_' if norm else ''}rope_kv_{mode}"
+def kernel(mode: str, norm: bool, bias: bool = False) -> Kernel:
+    name = f"lp_{'norm_' if norm else ''}rope_kv_{mode}{'_bias' if bias else ''}"
     norms = "q_norm, k_norm" if norm else "nullptr, nullptr"
-    call = (f"lp_rope_kv<{ROPE_MODES[mode]}, {'true' if norm else 'false'}>(q, k, v, pos, seq, pages, cache, table, "
-            f"{norms}, q_out, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
-    entry = f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({declare(rope_kv_params(norm))}) {{ {call}; }}"
+    biases = "q_bias, k_bias, v_bias" if bias else "nullptr, nullptr, nullptr"
+    flags = f"{'true' if norm else 'false'}, {'true' if bias else 'false'}"
+    call = (f"lp_rope_kv<{ROPE_MODES[mode]}, {flags}>(q, k, v, pos, seq, pages, cache, table, {norms}, {biases}, "
+            f"q_out, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
+    params = declare(rope_kv_params(norm, bias))
+    entry = f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({params}) {{ {call}; }}"
     return Kernel(name, "rope_kv", "rope_kv.cu", entry, THREADS)
 
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     c = operands.rope_kv(launch, ctx)
-    return [KernelLaunch(kernel(c.mode, c.norm), (c.heads + c.kv_heads, grid_dim(c.rows)), refs(c.args))]
+    return [KernelLaunch(kernel(c.mode, c.norm, c.bias), (c.heads + c.kv_heads, grid_dim(c.rows)), refs(c.args))]

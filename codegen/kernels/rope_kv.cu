@@ -5,9 +5,10 @@
 // q_out; block heads + h rotates key head h and writes it, and value head h, as f16 into the paged
 // cache (common.cuh lp_kv_plane / lp_kv_row) at position pos[r] of sequence seq[r]: block
 // pages[seq[r] * npages + pos[r] / LP_PAGE] (npages: the page table's row length), offset
-// pos[r] % LP_PAGE. With NORM (Gemma 3), each head is first RMS-normalised with q_norm / k_norm, with
-// norm.cu's own arithmetic (lp_rms_scale: squares summed in double, then (x * scale) * w in float),
-// exactly as numerics.rmsnorm.
+// pos[r] % LP_PAGE. With NORM (Gemma 3, Qwen3), each head is first RMS-normalised with q_norm / k_norm,
+// with norm.cu's own arithmetic (lp_rms_scale: squares summed in double, then (x * scale) * w in float),
+// exactly as numerics.rmsnorm. With BIAS (Qwen2; not with NORM) the projections' biases q_bias, k_bias,
+// v_bias are added first, one float32 addition, as bias_add computes them.
 //
 // The rotation reads (cos, sin) for position pos[r] from a table [positions, dims / 2] of float32
 // pairs that the runtime computes once with NumPy in float64, as numerics.rope does, and rounds to
@@ -24,23 +25,28 @@
 #include "fused.cuh"
 #include "norm.cu"
 
-template <int MODE, bool NORM>
+template <int MODE, bool NORM, bool BIAS>
 __device__ void lp_rope_kv(const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
                            const int* __restrict__ pos, const int* __restrict__ seq,
                            const int* __restrict__ pages, lp_half* __restrict__ cache,
                            const float* __restrict__ table, const float* __restrict__ q_norm,
-                           const float* __restrict__ k_norm, float* __restrict__ q_out, int heads, int kv_heads,
-                           int d, int dims, int layer, int npages, int blocks, float eps) {
+                           const float* __restrict__ k_norm, const float* __restrict__ q_bias,
+                           const float* __restrict__ k_bias, const float* __restrict__ v_bias,
+                           float* __restrict__ q_out, int heads, int kv_heads, int d, int dims, int layer,
+                           int npages, int blocks, float eps) {
+  static_assert(!(NORM && BIAS), "no model adds biases before per-head norms");
   __shared__ double scratch[32];
   const int hb = lp_bid(), r = lp_bid_y();
   const bool is_q = hb < heads;  // block-uniform
   const int h = is_q ? hb : hb - heads;
   const float* x = is_q ? q + ((size_t)r * heads + h) * d : k + ((size_t)r * kv_heads + h) * d;
   const float* w = is_q ? q_norm : k_norm;
+  const float* b = BIAS ? (is_q ? q_bias : k_bias) + (size_t)h * d : nullptr;
   float scale = 1.0f;
   if constexpr (NORM) scale = lp_rms_scale(x, d, eps, scratch);
   auto value = [&](int f) -> float {
     if constexpr (NORM) return (x[f] * scale) * w[f];
+    else if constexpr (BIAS) return lp_add_rn(x[f], b[f]);
     else return x[f];
   };
 
@@ -69,6 +75,10 @@ __device__ void lp_rope_kv(const float* __restrict__ q, const float* __restrict_
   for (int f = dims + lp_tid(); f < d; f += lp_bdim()) store(f, value(f));
   if (!is_q) {
     const float* vr = v + ((size_t)r * kv_heads + h) * d;
-    for (int f = lp_tid(); f < d; f += lp_bdim()) cache[vrow + f] = lp_f2h(vr[f]);
+    const float* vb = BIAS ? v_bias + (size_t)h * d : nullptr;
+    for (int f = lp_tid(); f < d; f += lp_bdim()) {
+      if constexpr (BIAS) cache[vrow + f] = lp_f2h(lp_add_rn(vr[f], vb[f]));
+      else cache[vrow + f] = lp_f2h(vr[f]);
+    }
   }
 }
