@@ -16,8 +16,11 @@ from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request, RequestError, SamplingParams
 
 from conftest import TINY_BPE, TINY_SPM
+from test_arch_fixtures import DATA, NAMES
 
 CTX, CHUNK, SEQS = 256, 32, 4
+# the architectures of issue 26 (tests/data): biases, query/key norms, fused-in-file projections, LongRoPE
+ARCHS = {name.split("-")[1]: DATA / f"{name}.gguf" for name in NAMES}
 LENGTHS = [3, 9, 17, 31, 40, 55, 70, 90]  # prompt tokens: one block or several, one prefill chunk or three
 STORY = ("Once upon a time, in a land far away, there lived an old clockmaker who built a clock that ran "
          "backwards. Every morning the children of the village gathered to watch its hands, and every evening "
@@ -31,7 +34,7 @@ def plans(tmp_path_factory, request):
 
     def get(name):
         if name not in out:
-            path = {"spm": TINY_SPM, "bpe": TINY_BPE}.get(name) or request.getfixturevalue("gemma3_path")
+            path = ({"spm": TINY_SPM, "bpe": TINY_BPE} | ARCHS).get(name) or request.getfixturevalue("gemma3_path")
             out[name] = str(tmp_path_factory.mktemp("plans") / f"{name}.plan")
             compile_model(open_model(path), local_cpu(), out[name], ctx=CTX, chunk=CHUNK, max_seqs=SEQS)
         return out[name]
@@ -49,7 +52,7 @@ def _alone(plan: str, prompts, n: int, params=SamplingParams()) -> list[list[int
     return [engine.run([Request(p, n, params)])[0].ids for p in prompts]
 
 
-@pytest.mark.parametrize("name", ["spm", "bpe", "gemma"])
+@pytest.mark.parametrize("name", ["spm", "bpe", "gemma", *ARCHS])
 def test_batching_and_preemption_are_invisible(plans, name):
     plan = plans(name)
     batched = Engine.load(plan)
