@@ -25,6 +25,7 @@ from llmplan.core.formats import ACTIVATION_FORMATS, FORMATS, dequantize, format
 from llmplan.core.numerics import PAGE
 from llmplan.core.op_traits import FAMILIES, TRAITS
 from llmplan.ir.interpret import IMPLS
+from llmplan.ir.ops import with_defaults
 from llmplan.models.quantize import quantize
 from llmplan.runtime.numpy_kernels import KERNELS, MappedRows, Packed
 
@@ -453,7 +454,7 @@ def _check_rope_kv(op, a, q, k, v, pos, seq, cache, extra, rng):
     assert_written(out)
     cache = _logical(paged, pages, ctx)
     assert not np.isnan(cache).any(), "cache cells left unwritten"
-    want_q, want_cache = IMPLS[op](a, q, k, v, pos, seq, pages, ref_cache, *extra)
+    want_q, want_cache = IMPLS[op](with_defaults(op, a), q, k, v, pos, seq, pages, ref_cache, *extra)
     assert_same(out, want_q)
     np.testing.assert_array_equal(paged.view(U16), want_cache.view(U16))
     np.testing.assert_array_equal(_logical(want_cache, pages, ctx).view(U16), cache.view(U16))
@@ -462,7 +463,7 @@ def _check_rope_kv(op, a, q, k, v, pos, seq, cache, extra, rng):
     written[layer, :, seq, pos] = True
     np.testing.assert_array_equal(cache[~written].view(U16), before[~written].view(U16))
     ka = k if op == "rope_kv" else IMPLS["rmsnorm"](a, k, extra[1])
-    rope_a = {key: a[key] for key in ("dims", "base", "scale", "mode")}
+    rope_a = with_defaults("rope", {key: a[key] for key in ("dims", "base", "scale", "mode")})
     k_roped = IMPLS["rope"]({**rope_a, "heads": a["kv_heads"]}, ka, pos, *extra[:1] if op == "rope_kv" else ())
     np.testing.assert_array_equal(cache[layer, 0, seq, pos].view(U16), k_roped.astype(F16).view(U16))
     np.testing.assert_array_equal(cache[layer, 1, seq, pos].view(U16), v.astype(F16).view(U16))
