@@ -74,6 +74,8 @@ MODULES: dict[str, Modules] = {
     "glu": Modules(("glu",), "glu"),
     "elementwise": Modules(("elementwise",), "elementwise"),
     "tail": Modules(("tail",), "tail"),
+    "router": Modules(("router",), "router"),
+    "experts": Modules(("experts",), "experts"),
 }
 
 
