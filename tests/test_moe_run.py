@@ -3,7 +3,8 @@ on the CPU target against llama.cpp's recorded rows, held as tests/test_archs_ru
 architectures: the compiled kernels' plan over several prefill chunks and the NumPy fallback's plan, each
 prompt's logits row and greedy tokens; batched decode at 4 sequences gives every sequence the tokens it
 gets alone (a row's experts' results do not depend on the rows routed with it); and the plan reads only the
-routed experts' rows (plan info's active bytes per token)."""
+routed experts' rows (plan info's active bytes per token); and the GPU catalog's plans for sm_90, gfx1100
+and gfx942 on the emulated GPU, in poison mode."""
 
 from __future__ import annotations
 
@@ -12,15 +13,16 @@ import json
 import numpy as np
 import pytest
 
-from llmplan.core.devices import local_cpu
+from llmplan.core.devices import OFFLINE_TARGETS, local_cpu
 from llmplan.core.planfile import read_body, read_header
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
 from llmplan.runtime.engine import Engine
 from llmplan.runtime.requests import Request
 
+from codegen_checks import needs_emulator
 from test_arch_fixtures import DATA, MOE_NAMES
-from test_archs_run import _agrees_with_llama_cpp, _cases, _plan
+from test_archs_run import STEPS, _agrees_with_llama_cpp, _cases, _plan
 
 
 @pytest.mark.parametrize("name", MOE_NAMES)
@@ -73,3 +75,18 @@ def test_decode_bytes_per_token_are_the_routed_experts(cli, tmp_path_factory, na
     assert d["decode_bytes_per_token_every_expert"] == dense + experts + embd_row
     plan = _plan(name, str(tmp_path_factory.getbasetemp()), "native")
     assert read_body(plan, read_header(plan)[1]).decode_bytes_per_token == d["decode_bytes_per_token"]
+
+
+GPU_RUNS = [(name, target) for name in MOE_NAMES for target in ("sm_90", "gfx1100", "gfx942")]
+
+
+@needs_emulator
+@pytest.mark.parametrize("name, target", GPU_RUNS)
+def test_the_gpu_plan_on_the_emulated_gpu_matches_llama_cpp(tmp_path_factory, name, target):
+    """Every vendor path (mma.sync, WMMA, wave 64) in poison mode; the routing stays on the device: the
+    decode phase's launches read the router's ids from its buffers."""
+    plan = str(tmp_path_factory.getbasetemp() / f"{name}.{target}.plan")
+    compile_model(open_model(DATA / f"{name}.gguf"), OFFLINE_TARGETS[target], plan, ctx=128, chunk=16)
+    kernels = {k.name for ln in read_body(plan, read_header(plan)[1]).phases["decode"].launches for k in ln.kernels}
+    assert "lp_moe_router" in kernels and "lp_moe_sum_residual" in kernels
+    _agrees_with_llama_cpp(name, Engine.load(plan, device="emu", poison=True), 2, STEPS)
