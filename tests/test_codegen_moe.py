@@ -29,15 +29,16 @@ from llmplan.runtime import numpy_kernels as twins
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
-from kernel_inputs import nmse, random_activation, random_blocks, planar_bytes
+from kernel_inputs import nmse, packed_buffer, planar_bytes, random_activation, random_blocks
 from launch_records import lowered, phase_buffers, wire
 
 TIGHT = 1e-9
 TESTED = ["Q4_K", "Q6_K", "Q8_0", "Q5_0", "F16"]
 
 
-def context(target, weights: dict, buffers: list) -> Context:
-    return Context(phase_buffers(buffers), weights, TARGETS[target])
+def context(target, weights: dict, buffers: list, rows: int = 1) -> Context:
+    """A family's context; `rows` bounds the phase's rows (1: decode)."""
+    return Context(phase_buffers(buffers), weights, TARGETS[target], {"rows": rows})
 
 
 def router_launch():
@@ -98,6 +99,23 @@ def test_experts_residual_launches_share_a_scratch():
     assert wire(total.args) == [ys, {"buf": 3}, {"buf": 4}, {"buf": 2}, {"i32": 2048}, {"i32": 8}]
 
 
+def test_batched_rows_are_grouped_by_expert_on_the_device():
+    """More than one row (decode-batch, prefill): the slots grouped by expert, their activation rows
+    gathered in group order, one pass over an expert's rows for up to 8 of them; scratch for the groups
+    and the gathered rows, the launches fixed whatever the routing."""
+    ctx = context("gfx1100", {"w": ("Q4_K", (128, 768, 2048))}, experts_buffers("q8_k", 2048, 8, 768, False), rows=4)
+    group, gather, project = experts.launches(experts_launch("matmul_experts"), ctx)
+    groups = {"scratch": "matmul_experts.groups", "dtype": "i32", "shape": ["rows", 34], "offset": 0, "bytes": 0}
+    xg = {"scratch": "matmul_experts.x", "dtype": "q8_k", "shape": ["rows", 8 * 2048], "offset": 0, "bytes": 0}
+    assert group.kernel.name == "lp_moe_group" and group.grid == (1,)
+    assert wire(group.args) == [{"buf": 1}, groups, {"i32": "rows"}, {"i32": 128}, {"i32": 8}]
+    assert gather.kernel.name == "lp_moe_gather_q8_k" and gather.grid == (8, ("rows", 1))
+    assert wire(gather.args) == [{"buf": 0}, groups, xg, {"i32": "rows"}, {"i32": 2048}, {"i32": 8}, {"i32": 0}]
+    assert project.kernel.name == "lp_matmul_experts_grouped_q4_k" and project.grid == (8 * 192, ("rows", 1))
+    assert wire(project.args) == [xg, {"weight": "w", "layout": "planar"}, groups, {"buf": 2}, {"i32": "rows"},
+                                  {"i32": 2048}, {"i32": 768}, {"i32": 128}, {"i32": 8}]
+
+
 def test_experts_errors():
     ctx = context("sm_90", {"w": ("BF16", (4, 32, 256))}, experts_buffers("bf16", 256, 2, 32, False))
     with pytest.raises(BuildError, match="the kernels read"):
@@ -107,7 +125,9 @@ def test_experts_errors():
 # --- builds ---------------------------------------------------------------------------------------------
 
 def catalog(target) -> list:
-    return [router.kernel(), experts.sum_kernel()] + [experts.kernel(f, target) for f in experts.FORMATS]
+    return ([router.kernel(), experts.sum_kernel(), experts.group_kernel()]
+            + [experts.gather_kernel(a) for a in ("q8_0", "q8_1", "q8_k", "f16")]
+            + [k(f, target) for f in experts.FORMATS for k in (experts.kernel, experts.grouped_kernel)])
 
 
 @pytest.mark.parametrize("target", list(TARGETS))
@@ -117,7 +137,7 @@ def test_every_kernel_builds(target):
     for k in catalog(t):
         m = b.manifests[k.name]
         assert m.threads == k.block, k.name
-        if k.name.startswith("lp_matmul_experts"):
+        if k.name.startswith("lp_matmul_experts"):  # the mat-vec's loads, no shared memory
             assert m.shared_bytes == 0 and m.instructions["load128"] > 0, k.name
 
 
@@ -174,37 +194,56 @@ def test_router_breaks_ties_as_llama_cpp(n_experts, rng):
     assert np.array_equal(ids, want_ids)
 
 
-def project(wave, op, fmt, rows, rng, e=6, n=20, top=3, sliced=False, poison_unrouted=False):
-    """Run the family's launches on the emulator and the CPU twin; returns (output, twin output)."""
+def project(wave, op, fmt, rows, rng, e=6, n=20, top=3, sliced=False, poison_unrouted=False, inputs=None):
+    """Run the family's launches on the emulator and the CPU twin; returns (output, twin output, the inputs:
+    (activation buffer and twin view, weight blocks and dense values, ids, weights, residual))."""
     t = emu(wave)[1]
     k = 256 * 3 if fmt.endswith("_K") else 32 * 9
     act = ACTIVATION_FORMAT[fmt.lower()]
     width = top * k if sliced else k
-    xbuf, x = random_activation(rng, act, rows, width)
-    ids = rng.integers(0, e // 2 if poison_unrouted else e, (rows, top)).astype(np.int32)
-    blocks = random_blocks(rng, fmt, e * n, k)
-    dense = num_dequantize(blocks, fmt, e, n, k)
-    if poison_unrouted:  # every expert no slot routes to: NaN scales (F16: NaN values)
-        per = blocks.reshape(e, -1)
-        for unused in sorted(set(range(e)) - set(ids.ravel().tolist())):
-            if fmt == "F16":
-                per[unused] = np.full(per.shape[1], np.nan, np.float16).view(per.dtype)
-            else:
-                per[unused]["d"] = np.nan
+    if inputs is None:
+        ids = rng.integers(0, e // 2 if poison_unrouted else e, (rows, top)).astype(np.int32)
+        blocks = random_blocks(rng, fmt, e * n, k)
+        dense = num_dequantize(blocks, fmt, e, n, k)
+        if poison_unrouted:  # every expert no slot routes to: NaN scales (F16: NaN values)
+            per = blocks.reshape(e, -1)
+            for unused in sorted(set(range(e)) - set(ids.ravel().tolist())):
+                if fmt == "F16":
+                    per[unused] = np.full(per.shape[1], np.nan, np.float16).view(per.dtype)
+                else:
+                    per[unused]["d"] = np.nan
+        inputs = (random_activation(rng, act, rows, width), (blocks, dense), ids,
+                  rng.random((rows, top)).astype(np.float32), rng.standard_normal((rows, n)).astype(np.float32))
+    (xbuf, x), (blocks, dense), ids, wts, r = inputs
     res = op == "matmul_experts_residual"
     out_n = n if res else top * n
     y = np.full((rows + 1, out_n), np.nan, np.float32)
-    wts = rng.random((rows, top)).astype(np.float32)
-    r = rng.standard_normal((rows, n)).astype(np.float32)
-    ctx = context(t.name, {"w": (fmt, (e, n, k))}, experts_buffers(act, width, top, n, res))
-    ys = np.full((rows, top * n), np.nan, np.float32)
-    arrays = {0: xbuf, 1: ids, 2: y, 3: wts, 4: r, "w": planar_bytes(fmt, blocks, e * n, k), "matmul_experts.y": ys}
+    ctx = context(t.name, {"w": (fmt, (e, n, k))}, experts_buffers(act, width, top, n, res), rows)
+    gathered = (np.full((rows, top * k), np.nan, np.float16) if act == "f16" else packed_buffer(act, rows, top * k)[0])
+    scratch = {"matmul_experts.y": np.full((rows, top * n), np.nan, np.float32),
+               "matmul_experts.groups": np.full((rows, experts.group_ints(top)), -9, np.int32),
+               "matmul_experts.x": gathered}
+    arrays = {0: xbuf, 1: ids, 2: y, 3: wts, 4: r, "w": planar_bytes(fmt, blocks, e * n, k)} | scratch
     run(wave, experts.launches(experts_launch(op), ctx), arrays, {"rows": rows})
     assert np.isnan(y[rows]).all(), "wrote past the output rows"
     assert not np.isnan(y[:rows]).any(), f"{np.isnan(y[:rows]).sum()} outputs left unwritten"
     want = [np.empty((rows, out_n), np.float32)]
     twins.experts(op, {}, want, x, dense, ids, *((wts, r) if res else ()))
-    return y[:rows], want[0]
+    return y[:rows], want[0], inputs
+
+
+def _row_of(inputs, row, fmt, width):
+    """The inputs of row `row` alone."""
+    (buf, view), w, ids, wts, r = inputs
+    one = slice(row, row + 1)
+    if isinstance(view, twins.Packed):
+        raw, alone = packed_buffer(ACTIVATION_FORMAT[fmt.lower()], 1, width, poison=False)
+        for name, plane in view.planes.items():
+            alone[name][0] = plane[row]
+        x = (raw, alone)
+    else:
+        x = (np.ascontiguousarray(buf[one]), np.ascontiguousarray(buf[one]))
+    return x, w, ids[one], wts[one], r[one]
 
 
 def num_dequantize(blocks, fmt, e, n, k):
@@ -217,21 +256,36 @@ def num_dequantize(blocks, fmt, e, n, k):
 @pytest.mark.parametrize("wave", WAVES)
 @pytest.mark.parametrize("fmt", TESTED)
 def test_experts_match_the_cpu_twin(wave, fmt, rng):
-    for rows, sliced in ((1, False), (4, True)):
-        got, want = project(wave, "matmul_experts", fmt, rows, rng, sliced=sliced)
+    """One row (a slot a pass), and 4 and 11 grouped by expert (11 x 3 slots of 3 experts: groups longer
+    than one pass of 8)."""
+    for rows, sliced, e in ((1, False, 6), (4, True, 6), (11, False, 3)):
+        got, want, _ = project(wave, "matmul_experts", fmt, rows, rng, e=e, sliced=sliced)
         assert nmse(got, want) < TIGHT, (rows, sliced)
+
+
+@needs_emulator
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q8_0", "F16"])
+def test_a_row_gets_the_same_bits_grouped_or_alone(fmt, rng):
+    """A row's slots computed with the rows sharing their experts (grouped, the weighted sum included) and
+    alone (one slot a pass): the same bits."""
+    k = 256 * 3 if fmt.endswith("_K") else 32 * 9
+    together, _, inputs = project(32, "matmul_experts_residual", fmt, 6, rng, e=3, sliced=True)
+    for row in (0, 5):
+        alone, _, _ = project(32, "matmul_experts_residual", fmt, 1, rng, e=3, sliced=True,
+                              inputs=_row_of(inputs, row, fmt, 3 * k))
+        assert np.array_equal(alone[0], together[row])
 
 
 @needs_emulator
 @pytest.mark.parametrize("wave", WAVES)
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
 def test_experts_residual_matches_the_cpu_twin(wave, fmt, rng):
-    got, want = project(wave, "matmul_experts_residual", fmt, 3, rng, sliced=True)
+    got, want, _ = project(wave, "matmul_experts_residual", fmt, 3, rng, sliced=True)
     assert nmse(got, want) < TIGHT
 
 
 @needs_emulator
 @pytest.mark.parametrize("fmt", ["Q4_K", "Q8_0", "F16"])
 def test_only_the_routed_experts_are_read(fmt, rng):
-    got, want = project(32, "matmul_experts_residual", fmt, 2, rng, e=8, top=2, sliced=True, poison_unrouted=True)
+    got, want, _ = project(32, "matmul_experts_residual", fmt, 2, rng, e=8, top=2, sliced=True, poison_unrouted=True)
     assert np.isfinite(got).all() and nmse(got, want) < TIGHT

@@ -8,6 +8,7 @@ and gfx942 on the emulated GPU, in poison mode."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import numpy as np
@@ -42,13 +43,19 @@ def test_the_numpy_plan_matches_llama_cpp(tmp_path_factory, name):
     _agrees_with_llama_cpp(name, Engine.load(plan), 2)
 
 
+@functools.cache
+def _batched_plan(name: str, root: str) -> str:
+    """The compiled CPU plan for 4 sequences, prefill in chunks of 16 rows (_plan's: 4, one sequence)."""
+    plan = f"{root}/{name}.seqs4.plan"
+    compile_model(open_model(DATA / f"{name}.gguf"), local_cpu(), plan, ctx=128, chunk=16, max_seqs=4)
+    return plan
+
+
 @pytest.mark.parametrize("name", MOE_NAMES)
 def test_batched_decode_at_4_sequences(tmp_path_factory, name):
     """The four prompts decoded together (one decode-batch row each, their experts grouped) give each the
     tokens it gets alone, and llama.cpp's up to the first close call."""
-    plan = str(tmp_path_factory.getbasetemp() / f"{name}.seqs4.plan")
-    compile_model(open_model(DATA / f"{name}.gguf"), local_cpu(), plan, ctx=128, chunk=16, max_seqs=4)
-    engine = Engine.load(plan)
+    engine = Engine.load(_batched_plan(name, str(tmp_path_factory.getbasetemp())))
     cases, _ = _cases(name)
     steps = 16
     together = engine.run([Request(c["prompt_ids"], steps) for c in cases])
@@ -57,6 +64,17 @@ def test_batched_decode_at_4_sequences(tmp_path_factory, name):
         assert got.ids == alone.ids
         sure = next((i for i, m in enumerate(case["top1_margin"]) if m < 1.0), len(case["greedy_ids"]))
         assert got.ids[:min(sure, steps)] == case["greedy_ids"][:min(sure, steps)]
+
+
+@pytest.mark.parametrize("name", MOE_NAMES)
+def test_the_prefill_chunk_changes_no_bit(tmp_path_factory, name):
+    """A prompt prefilled in chunks of 4 rows and of 16 (other rows routed beside each row) gives the same
+    logits bit for bit, and the same tokens after."""
+    root = str(tmp_path_factory.getbasetemp())
+    small, large = Engine.load(_plan(name, root, "native")), Engine.load(_batched_plan(name, root))
+    for case in _cases(name)[0]:
+        a, b = (e.run([Request(case["prompt_ids"], 8, keep_prompt_logits=True)])[0] for e in (small, large))
+        assert np.array_equal(a.prompt_logits, b.prompt_logits) and a.ids == b.ids
 
 
 @pytest.mark.parametrize("name", MOE_NAMES)

@@ -13,13 +13,13 @@ from ..kernel import Context, Kernel, KernelLaunch
 from ..operands import ROUTER_PARAMS, declare, refs
 
 THREADS = 64
-MAX_EXPERTS = 1024  # router.cu LP_MAX_EXPERTS: its shared arrays
+MAX_EXPERTS = 1024  # the most experts the kernels take (their shared arrays): llama.cpp's LLAMA_MAX_EXPERTS
 NAME = "lp_moe_router"
 
 
 def kernel() -> Kernel:
     entry = (f"LP_KERNEL void __launch_bounds__({THREADS}) {NAME}({declare(ROUTER_PARAMS)}) "
-             f"{{ lp_moe_router<{THREADS}>(x, gate, ids, weights, rows, k, experts, top, norm); }}")
+             f"{{ lp_moe_router<{THREADS}, {MAX_EXPERTS}>(x, gate, ids, weights, rows, k, experts, top, norm); }}")
     return Kernel(NAME, "moe_router", "router.cu", entry, THREADS)
 
 

@@ -10,7 +10,6 @@
 // sum when `norm`. A few hundred experts per row: the serial part is short beside a decode step.
 #include "common.cuh"
 
-constexpr int LP_MAX_EXPERTS = 1024;  // models/config.py MAX_EXPERTS: the shared arrays' size
 constexpr int LP_SORT_THRESHOLD = 16;  // libstdc++'s _S_threshold
 
 // --- libstdc++'s std::sort (introsort) on indices a[0, n) by descending v: core/numerics.py sort_desc ---
@@ -59,7 +58,7 @@ __device__ void lp_swap(int* a, int i, int j) {
 // explicit stack in place of __introsort_loop's recursion: the two parts of a partition are disjoint, so the
 // order they are sorted in does not change the result; then __final_insertion_sort. `stack` holds
 // LP_SORT_STACK ints (shared memory: a local array would be a stack frame).
-constexpr int LP_SORT_STACK = 3 * 24;  // (first, last, depth) of the pending ranges: one per level (2 log2 1024) and one
+constexpr int LP_SORT_STACK = 3 * 24;  // (first, last, depth) of the pending ranges: one per level (2 log2 1024), one more
 
 __device__ void lp_sort_desc(int* a, int n, const float* v, int* stack) {
   int top = 0, levels = 0;
@@ -105,11 +104,12 @@ __device__ void lp_sort_desc(int* a, int n, const float* v, int* stack) {
 
 // --- the router ---------------------------------------------------------------------------------------
 
-template <int THREADS>
+// MAX_E: the most experts a model has (the shared arrays' size)
+template <int THREADS, int MAX_E>
 __device__ void lp_moe_router(const float* x, const float* gate, int* ids, float* weights, int rows, int k,
                               int experts, int top, int norm) {
-  __shared__ float p[LP_MAX_EXPERTS];
-  __shared__ int order[LP_MAX_EXPERTS];
+  __shared__ float p[MAX_E];
+  __shared__ int order[MAX_E];
   __shared__ int stack[LP_SORT_STACK];
   const int r = lp_bid();
   const float* xr = x + (size_t)r * k;
