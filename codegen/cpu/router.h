@@ -1,37 +1,39 @@
 // router.h: the mixture-of-experts router on the CPU (op moe_router; CPU twin runtime/numpy_kernels.py
-// moe_router, core/numerics.py route): per row, the gate logits x . gate^T (each a float64 sum rounded
-// to float), their softmax (exp of the difference to the row's max and the sum in float64, each p
-// rounded to float), the experts ordered by std::sort with ggml's comparator (p[a] > p[b]: llama.cpp's
-// CPU argsort, so equal probabilities come out in its order), the first `top` of them and their p,
-// divided by their float sum (a float64 sum rounded) when `norm`. Rows split over the pool.
+// moe_router, core/numerics.py route): the gate logits x . gate^T of every row as a projection (matmul.h's
+// row loop on the f32 gate, its default schedule), then per row their softmax (exp of the difference to
+// the row's max and the sum in float64, each p rounded to float), the experts ordered by std::sort with
+// ggml's comparator (p[a] > p[b]: llama.cpp's CPU argsort, so equal probabilities come out in its order),
+// the first `top` of them and their p, divided by their float sum (a float64 sum rounded) when `norm`.
+// Rows split over the pool.
 #pragma once
 #include <math.h>
 
 #include <algorithm>
 #include <vector>
 
+#include "matmul.h"
 #include "rows.h"
 
 namespace lp_cpu {
 
 inline void moe_router(const float* x, const float* gate, int* ids, float* weights, int rows, int k, int experts, int top,
                        int norm) {
-  over_rows(rows, k * experts, [&](int r0, int r1) {
+  std::vector<float> logits((size_t)rows * experts);
+  const void* w[1] = {gate};
+  const int n[1] = {experts};
+  project<LP_FMT_F32, 0, 0, 1>(x, w, n, rows, k, 0, 0, 0, [&](int, int, int e, int r, float v) {
+    logits[(size_t)r * experts + e] = v;
+  });
+  over_rows(rows, 64 * experts, [&](int r0, int r1) {
     std::vector<float> p(experts);
     std::vector<double> e(experts);
     std::vector<int> order(experts);
     for (int r = r0; r < r1; ++r) {
-      const float* xr = x + (size_t)r * k;
-      double top_logit = -INFINITY;
-      for (int i = 0; i < experts; ++i) {
-        const float* g = gate + (size_t)i * k;
-        double dot = 0.0;
-        for (int j = 0; j < k; ++j) dot += (double)xr[j] * (double)g[j];
-        e[i] = (double)(float)dot;
-        top_logit = std::max(top_logit, e[i]);
-      }
+      const float* lr = logits.data() + (size_t)r * experts;
+      double most = -INFINITY;
+      for (int i = 0; i < experts; ++i) most = std::max(most, (double)lr[i]);
       double sum = 0.0;
-      for (int i = 0; i < experts; ++i) sum += e[i] = exp(e[i] - top_logit);
+      for (int i = 0; i < experts; ++i) sum += e[i] = exp((double)lr[i] - most);
       for (int i = 0; i < experts; ++i) p[i] = (float)(e[i] / sum);
       for (int i = 0; i < experts; ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
