@@ -536,13 +536,16 @@ class Experts:
                      self.values | {"w": Weight(self.w.name, layout(self.fmt))})
 
 
-def experts(launch: Launch, ctx: Context, formats) -> Experts:
+def experts(launch: Launch, ctx: Context, formats, multiple=None) -> Experts:
+    """The weight in one of `formats`, its rows whole blocks (or whole multiples of `multiple(format)`, as
+    weight() says)."""
     op = _op(launch, "experts")
     x, w, ids = launch.args[:3]
     fmt = ctx.weights[w.name][0].upper()
     e, n, k = ctx.shape(w)
     _fail(fmt in formats, f"{op}: weight {w.name} is {fmt}; the kernels read {', '.join(formats)}")
-    _fail(k % core_formats.FORMATS[fmt].block == 0, f"{op}: weight {w.name} ({fmt}) has rows of {k}, not whole blocks")
+    m = multiple(fmt) if multiple else core_formats.FORMATS[fmt].block
+    _fail(k % m == 0, f"{op}: weight {w.name} ({fmt}) has rows of {k}, not a multiple of {m}")
     rows, width = ctx.shape(x)
     top = ctx.shape(ids)[1]
     _fail(width in (k, top * k), f"{op}: inputs of {width} are neither the weight's rows of {k} nor {top} slots of them")

@@ -116,9 +116,14 @@ def test_batched_rows_are_grouped_by_expert_on_the_device():
                                   {"i32": 2048}, {"i32": 768}, {"i32": 128}, {"i32": 8}]
 
 
-def test_experts_errors():
-    ctx = context("sm_90", {"w": ("BF16", (4, 32, 256))}, experts_buffers("bf16", 256, 2, 32, False))
-    with pytest.raises(BuildError, match="the kernels read"):
+@pytest.mark.parametrize("fmt, k, act, message", [
+    ("BF16", 256, "bf16", "the kernels read"),
+    ("F16", 100, "f16", "has rows of 100, not a multiple of 8"),  # the mat-vec reads 8 values a lane
+    ("Q4_K", 256, "q8_0", "takes q8_k activations"),
+])
+def test_experts_errors(fmt, k, act, message):
+    ctx = context("sm_90", {"w": (fmt, (4, 32, k))}, experts_buffers(act, k, 2, 32, False))
+    with pytest.raises(BuildError, match=message):
         experts.launches(experts_launch("matmul_experts"), ctx)
 
 

@@ -33,7 +33,7 @@ from .. import operands
 from ..format_header import act_code, weight_code
 from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
 from ..operands import declare, experts_params
-from .matvec import FORMATS, MAX_COLUMNS, launch_bounds
+from .matvec import FORMATS, MAX_COLUMNS, launch_bounds, piece
 from .router import MAX_EXPERTS
 
 WAVES = 4  # waves per block of the projections, as the mat-vec
@@ -88,7 +88,7 @@ def sum_kernel() -> Kernel:
 
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
-    c = operands.experts(launch, ctx, FORMATS)
+    c = operands.experts(launch, ctx, FORMATS, piece)
     v = c.values
     grid = (c.top * grid_dim(c.n, WAVES), grid_dim(c.rows))
     residual = c.op == "matmul_experts_residual"
