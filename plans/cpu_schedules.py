@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families import matmul
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import I32, Launch, Phase, Weight
 from llmplan.models.gguf import GGUFFile
 
@@ -54,7 +55,7 @@ DEFAULT = Schedule(matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
 IN_CACHE = Schedule(matmul.DEFAULT_TASK_ROWS, 0)  # the heuristic where the whole model fits the cache
 
 
-EXPERTS = ("matmul_experts", "matmul_experts_residual")  # each routed expert's rows a projection of its own
+EXPERTS = ops_of("experts")  # each routed expert's rows a projection of its own
 
 
 @dataclass(frozen=True)
