@@ -471,3 +471,93 @@ def attention(launch: Launch, ctx: Context) -> Attention:
               "splits": I32(splits)}
     args = _bind(attention_params(op), values)
     return Attention(op, rows, heads, kv_heads, d, splits, chunk, "f32", args)
+
+
+# --- mixture of experts ----------------------------------------------------------------------------
+
+
+ROUTER_PARAMS: tuple[Param, ...] = (("const float*", "x"), ("const float*", "gate"), ("int*", "ids"),
+                                    ("float*", "weights"), ("int", "rows"), ("int", "k"), ("int", "experts"),
+                                    ("int", "top"), ("int", "norm"))
+
+
+@dataclass(frozen=True)
+class Router:
+    """moe_router: each row's gate logits x . gate^T (x f32 [rows, k], gate f32 [experts, k]), their
+    softmax, the `top` experts of largest probability (ids [rows, top]) and their weights [rows, top],
+    divided by their sum when `norm` (ROUTER_PARAMS)."""
+
+    rows: Dim
+    k: int
+    experts: int
+    top: int
+    args: tuple[Arg, ...]
+
+
+def router(launch: Launch, ctx: Context) -> Router:
+    _op(launch, "router")
+    x, gate = launch.args
+    ids, weights = launch.outs
+    _fail(ctx.dtype(x) == "f32" and ctx.dtype(gate) == "f32",
+          f"moe_router: the input and the gate must be f32, are {ctx.dtype(x)} and {ctx.dtype(gate)}")
+    rows, k = ctx.shape(x)
+    experts, gk = ctx.shape(gate)
+    top = launch.attrs["k"]
+    _fail(gk == k and 1 <= top <= experts, f"moe_router: {top} of {experts} experts of rows of {gk} for inputs of {k}")
+    values = {"x": x, "gate": gate, "ids": ids, "weights": weights, "rows": I32(rows), "k": I32(k),
+              "experts": I32(experts), "top": I32(top), "norm": I32(int(launch.attrs["norm"]))}
+    return Router(rows, k, experts, top, _bind(ROUTER_PARAMS, values))
+
+
+def experts_params(residual: bool) -> tuple[Param, ...]:
+    """x, w, ids, [weights, r,] y, rows, k, n, experts, top, sliced (x holds one k-wide slice per slot)."""
+    fused = (("const float*", "weights"), ("const float*", "r")) if residual else ()
+    return (("const void*", "x"), ("const void*", "w"), ("const int*", "ids"), *fused, ("float*", "y"), ("int", "rows"),
+            ("int", "k"), ("int", "n"), ("int", "experts"), ("int", "top"), ("int", "sliced"))
+
+
+@dataclass(frozen=True)
+class Experts:
+    """matmul_experts: y[r, j*n:(j+1)*n] = x_j . W[ids[r, j]]^T for every slot j < top, W [experts, n, k]
+    in format `fmt`, x_j the row x[r] or (sliced) its slot's k-wide slice; matmul_experts_residual: y[r] =
+    r[r] + sum_j weights[r, j] * (x_j . W[ids[r, j]]^T), slot after slot. x is packed in the weight's
+    activation format."""
+
+    op: str
+    x: Buf
+    w: Weight
+    fmt: str
+    rows: Dim
+    k: int
+    n: int
+    experts: int
+    top: int
+    sliced: bool
+    values: dict  # the references of experts_params, by name
+
+    def args(self, layout) -> tuple[Arg, ...]:
+        """experts_params' arguments, the weight in the layout `layout(format)` names."""
+        return _bind(experts_params(self.op == "matmul_experts_residual"),
+                     self.values | {"w": Weight(self.w.name, layout(self.fmt))})
+
+
+def experts(launch: Launch, ctx: Context, formats, multiple=None) -> Experts:
+    """The weight in one of `formats`, its rows whole blocks (or whole multiples of `multiple(format)`, as
+    weight() says)."""
+    op = _op(launch, "experts")
+    x, w, ids = launch.args[:3]
+    fmt = ctx.weights[w.name][0].upper()
+    e, n, k = ctx.shape(w)
+    _fail(fmt in formats, f"{op}: weight {w.name} is {fmt}; the kernels read {', '.join(formats)}")
+    m = multiple(fmt) if multiple else core_formats.FORMATS[fmt].block
+    _fail(k % m == 0, f"{op}: weight {w.name} ({fmt}) has rows of {k}, not a multiple of {m}")
+    rows, width = ctx.shape(x)
+    top = ctx.shape(ids)[1]
+    _fail(width in (k, top * k), f"{op}: inputs of {width} are neither the weight's rows of {k} nor {top} slots of them")
+    act = ACTIVATION_FORMAT[fmt.lower()]
+    _fail(ctx.dtype(x) == act, f"{op}: a {fmt} weight takes {act} activations, not {ctx.dtype(x)}")
+    values = {"x": x, "ids": ids, "y": launch.outs[0], "rows": I32(rows), "k": I32(k), "n": I32(n),
+              "experts": I32(e), "top": I32(top), "sliced": I32(int(width != k))}
+    if op == "matmul_experts_residual":
+        values |= {"weights": launch.args[3], "r": launch.args[4]}
+    return Experts(op, x, w, fmt, rows, k, n, e, top, width != k, values)

@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         extras.append("post-attention and post-FFN norms")
     if c["embed_scale"] != 1.0:
         extras.append(f"embedding scale {c['embed_scale']:.6g}")
+    if c["n_experts"]:
+        extras.append(f"{c['n_experts']} experts of FFN width {c['expert_ffn_dim']}, {c['n_experts_used']} routed per token")
     extras.append("output tied to token_embd" if c["tied_output"] else "separate output head")
     print("  " + "; ".join(extras))
     t = d["tokenizer"]
@@ -59,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
     print("tensors:")
     print("  " + format_table(["format", "tensors", "bytes", ""], rows).replace("\n", "\n  "))
     head = "; the tied output head reads the whole table" if c["tied_output"] else ""
-    print(f"decode reads {d['decode_bytes_per_token']} bytes ({human_bytes(d['decode_bytes_per_token'])}) per token: "
-          f"every weight except the embedding table, plus one embedding row{head}")
+    n = d["decode_bytes_per_token"]
+    if c["n_experts"]:
+        every = d["decode_bytes_per_token_every_expert"]
+        print(f"decode reads {n} bytes ({human_bytes(n)}) per token, the active weights: every weight except the "
+              f"embedding table and the experts, the {c['n_experts_used']} routed of {c['n_experts']} experts' rows, "
+              f"plus one embedding row{head} (every expert's rows: {every} bytes, {human_bytes(every)})")
+    else:
+        print(f"decode reads {n} bytes ({human_bytes(n)}) per token: every weight except the embedding table, plus one "
+              f"embedding row{head}")
     return 0

@@ -103,6 +103,147 @@ def panel_rows(panel_bytes: int, row_bytes: int, n: int) -> int:
     return n if panel_bytes <= 0 else min(n, max(16, panel_bytes // max(1, row_bytes)) // 16 * 16)
 
 
+# --- mixture of experts ----------------------------------------------------------------------------
+
+def route(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Mixture-of-experts routing of each row of logits [rows, experts]: the probabilities p =
+    softmax(logits) (exp of the difference to the row's max in float64, divided by the float64 sum,
+    rounded to float32), the first k experts of llama.cpp's CPU argsort of p, descending (std::sort:
+    sort_desc), and their weights p, divided by their sum (float64, rounded to float32) when norm, as
+    build_moe_ffn does (its clamp of the sum at 2^-14 never acts on softmax weights: the k largest of at
+    most 1024 experts' probabilities sum to 1/1024 at least). Returns (ids int32 [rows, k], weights
+    float32 [rows, k]); each row alone."""
+    x = logits.astype(np.float64)
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    p = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+    ids = np.stack([sort_desc(row)[:k] for row in p]).astype(np.int32).reshape(len(p), k)
+    w = np.take_along_axis(p, ids, axis=-1)
+    if norm:
+        w = w / w.astype(np.float64).sum(axis=-1, keepdims=True).astype(np.float32)
+    return ids, w
+
+
+SORT_THRESHOLD = 16  # libstdc++'s _S_threshold: std::sort leaves runs this short to its insertion sort
+
+
+def sort_desc(v: np.ndarray) -> np.ndarray:
+    """The indices of v by descending value as libstdc++'s std::sort with ggml's comparator (v[a] > v[b])
+    orders them, equal values included: llama.cpp's CPU argsort. Without equal values that is the one
+    descending order; with them, introsort's own (median-of-three partitions down to runs of
+    SORT_THRESHOLD, heap sort past 2 log2(n) levels, then one insertion sort), ported step for step."""
+    if len(np.unique(v)) == len(v):
+        return np.argsort(-v, kind="stable")
+    a = list(range(len(v)))
+    val = [float(t) for t in v]
+
+    def before(i: int, j: int) -> bool:  # comp(a[i], a[j])
+        return val[a[i]] > val[a[j]]
+
+    def sift(first: int, hole: int, length: int, item: int) -> None:  # __adjust_heap
+        top = hole
+        child = hole
+        while child < (length - 1) // 2:
+            child = 2 * (child + 1)
+            if val[a[first + child]] > val[a[first + child - 1]]:
+                child -= 1
+            a[first + hole] = a[first + child]
+            hole = child
+        if length % 2 == 0 and child == (length - 2) // 2:
+            child = 2 * (child + 1)
+            a[first + hole] = a[first + child - 1]
+            hole = child - 1
+        parent = (hole - 1) // 2
+        while hole > top and val[a[first + parent]] > val[item]:
+            a[first + hole] = a[first + parent]
+            hole = parent
+            parent = (hole - 1) // 2
+        a[first + hole] = item
+
+    def heap_sort(first: int, last: int) -> None:  # __partial_sort(first, last, last): make_heap, sort_heap
+        n = last - first
+        for parent in range((n - 2) // 2, -1, -1):
+            sift(first, parent, n, a[first + parent])
+        while last - first > 1:
+            last -= 1
+            item = a[last]
+            a[last] = a[first]
+            sift(first, 0, last - first, item)
+
+    def median_to_first(r: int, i: int, j: int, m: int) -> None:  # __move_median_to_first
+        if before(i, j):
+            pick = j if before(j, m) else m if before(i, m) else i
+        else:
+            pick = i if before(i, m) else m if before(j, m) else j
+        a[r], a[pick] = a[pick], a[r]
+
+    def partition(first: int, last: int, pivot: int) -> int:  # __unguarded_partition
+        while True:
+            while before(first, pivot):
+                first += 1
+            last -= 1
+            while before(pivot, last):
+                last -= 1
+            if first >= last:
+                return first
+            a[first], a[last] = a[last], a[first]
+            first += 1
+
+    def introsort(first: int, last: int, depth: int) -> None:
+        while last - first > SORT_THRESHOLD:
+            if depth == 0:
+                heap_sort(first, last)
+                return
+            depth -= 1
+            median_to_first(first, first + 1, first + (last - first) // 2, last - 1)
+            cut = partition(first + 1, last, first)
+            introsort(cut, last, depth)
+            last = cut
+
+    def linear_insert(i: int) -> None:  # __unguarded_linear_insert
+        item = a[i]
+        while val[item] > val[a[i - 1]]:
+            a[i] = a[i - 1]
+            i -= 1
+        a[i] = item
+
+    n = len(a)
+    introsort(0, n, 2 * (n.bit_length() - 1))
+    for i in range(1, min(n, SORT_THRESHOLD)):  # __final_insertion_sort
+        if before(i, 0):
+            a[1:i + 1], a[0] = a[0:i], a[i]
+        else:
+            linear_insert(i)
+    for i in range(SORT_THRESHOLD, n):
+        linear_insert(i)
+    return np.array(a, np.int64)
+
+
+def matmul_experts(x: np.ndarray, w: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Each row's routed projections: y[r, j*N:(j+1)*N] = x_j @ w[ids[r, j]].T for w [experts, N, K], x_j
+    the row x[r] (x [rows, K]) or its slot's slice x[r, j*K:(j+1)*K] (x [rows, k*K]); every (row, slot) is
+    its own matrix-vector product (matmul), so its result does not depend on which rows share its expert."""
+    rows, k = ids.shape
+    n, kk = w.shape[1], w.shape[2]
+    xs = x.reshape(rows * k, kk) if x.shape[1] == k * kk else np.repeat(x, k, axis=0)
+    flat = ids.reshape(-1)
+    y = np.empty((rows * k, n), np.float32)
+    for e in np.unique(flat):
+        at = np.flatnonzero(flat == e)
+        y[at] = matmul(xs[at], w[e])
+    return y.reshape(rows, k * n)
+
+
+def moe_sum(y: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """The routed experts' weighted sum: sum over slots j of weights[r, j] * y[r, j*N:(j+1)*N], each product
+    rounded to float32 and added slot after slot from j = 0, as llama.cpp's build_moe_ffn adds them."""
+    rows, k = weights.shape
+    ys = y.reshape(rows, k, -1)
+    out = ys[:, 0] * weights[:, :1]
+    for j in range(1, k):
+        out = out + ys[:, j] * weights[:, j:j + 1]
+    return out
+
+
 # --- activation packing --------------------------------------------------------------------------
 
 def pack_blocks(x: np.ndarray, fmt: str) -> np.ndarray:

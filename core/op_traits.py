@@ -46,6 +46,10 @@ TRAITS: dict[str, OpTraits] = {
     "softcap": OpTraits("elementwise"),
     "take_rows": OpTraits("elementwise"),
     "tail_argmax": OpTraits("tail"),
+    "moe_router": OpTraits("router"),
+    "matmul_experts": OpTraits("experts"),
+    "matmul_experts_residual": OpTraits("experts"),
+    "moe_sum": OpTraits(None),
 }
 FAMILIES = sorted({t.family for t in TRAITS.values() if t.family})
 
@@ -70,6 +74,8 @@ MODULES: dict[str, Modules] = {
     "glu": Modules(("glu",), "glu"),
     "elementwise": Modules(("elementwise",), "elementwise"),
     "tail": Modules(("tail",), "tail"),
+    "router": Modules(("router",), "router"),
+    "experts": Modules(("experts",), "experts"),
 }
 
 

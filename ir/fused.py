@@ -115,6 +115,15 @@ def matmul_residual(ts, a):
     return _prim("add", [ts[2], y])
 
 
+@op("x w ids weights r")
+def matmul_experts_residual(ts, a):
+    """add(r, moe_sum(matmul_experts(x, w, ids), weights)): the down projection of the routed experts adds
+    their weighted sum to the residual stream in its epilogue."""
+    (y,) = _prim("matmul_experts", ts[:3])
+    (s,) = _prim("moe_sum", [y, ts[3]])
+    return _prim("add", [ts[4], s])
+
+
 @op("x norm head mask", eps="float", format="str")
 def tail_argmax(ts, a):
     """argmax over the vocabulary of matmul(rmsnorm_pack[eps, format](x, norm), head), among the tokens

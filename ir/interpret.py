@@ -97,6 +97,10 @@ IMPLS: dict[str, Callable[..., Any]] = {
     "glu_pack": lambda a, g, u: _pack(a, num.ACTIVATIONS[a["act"]](g) * u),
     "matmul_residual": lambda a, x, w, r: r + num.matmul(x, w),
     "tail_argmax": lambda a, x, n, w, m: num.masked_argmax(num.matmul(_pack(a, _rmsnorm(a, x, n)), w), m),
+    "moe_router": lambda a, x, gate: num.route(num.matmul(x, gate), a["k"], a["norm"]),
+    "matmul_experts": lambda a, x, w, ids: num.matmul_experts(x, w, ids),
+    "moe_sum": lambda a, y, w: num.moe_sum(y, w),
+    "matmul_experts_residual": lambda a, x, w, ids, wt, r: r + num.moe_sum(num.matmul_experts(x, w, ids), wt),
 }
 
 

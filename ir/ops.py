@@ -287,6 +287,68 @@ def take_rows(ts, a):
     return (x.with_shape(rows.shape[0], *x.shape[1:]),)
 
 
+# --- mixture of experts ------------------------------------------------------------------------
+
+
+@op("x gate", k="int", norm="bool")
+def moe_router(ts, a):
+    """Mixture-of-experts routing of every row: the gate logits x @ gate.T (gate f32 [experts, K], x f32
+    [rows, K], each row its own matrix-vector product), their softmax p, the k experts of largest p in
+    descending order (equal p as llama.cpp's CPU argsort orders them), and those experts' p as weights,
+    divided by their sum when norm (core/numerics.py route). Results: expert ids i32[rows, k] and weights
+    f32[rows, k]."""
+    x, gate = ts
+    _dtype(x, "f32", what="moe_router input")
+    _dtype(gate, "f32", what="moe_router gate")
+    _rank(x, 2, "moe_router input")
+    _rank(gate, 2, "moe_router gate")
+    _same(x.shape[1], gate.shape[1], "moe_router gate row vs input row")
+    _need(1 <= a["k"] <= gate.shape[0], f"moe_router routes {a['k']} of {gate.shape[0]} experts")
+    return Type("i32", (x.shape[0], a["k"])), Type("f32", (x.shape[0], a["k"]))
+
+
+def _experts(x: Type, w: Type, ids: Type, what: str) -> tuple[Type, int]:
+    """The checks of an expert-indexed projection; (x's activation type, the routed slots k)."""
+    _need(w.dtype in ACTIVATION_FORMAT, f"{what} weight format {w.dtype} is not supported")
+    _dtype(x, ACTIVATION_FORMAT[w.dtype], what=f"{what} input for a {w.dtype} weight")
+    _rank(w, 3, f"{what} weight")
+    _rank(x, 2, f"{what} input")
+    _dtype(ids, "i32", what=f"{what} expert ids")
+    _rank(ids, 2, f"{what} expert ids")
+    _same(ids.shape[0], x.shape[0], f"{what} expert ids vs rows")
+    k = ids.shape[1]
+    _need(isinstance(k, int), f"{what}: the routed slots must be a fixed number, are {k}")
+    _need(x.shape[1] in (w.shape[2], k * w.shape[2]),
+          f"{what} input rows of {x.shape[1]} are neither the weight's {w.shape[2]} nor {k} slots of it")
+    return x, k
+
+
+@op("x w ids")
+def matmul_experts(ts, a):
+    """Each row's routed projections: y[r, j*N:(j+1)*N] = x_j @ dequantize(w[ids[r, j]]).T for every slot
+    j < k, w [experts, N, K]; x_j is the row itself (x [rows, K]: every slot reads it) or the slot's own
+    slice x[r, j*K:(j+1)*K] (x [rows, k*K]). x comes in the weight's activation format. A (row, slot)'s
+    result does not depend on which rows routed to the same expert."""
+    x, w, ids = ts
+    _, k = _experts(x, w, ids, "matmul_experts")
+    return (Type("f32", (x.shape[0], k * w.shape[1])),)
+
+
+@op("y weights")
+def moe_sum(ts, a):
+    """The routed experts' weighted sum: sum over slots j of weights[r, j] * y[r, j*N:(j+1)*N], slot after
+    slot from j = 0, each product and sum rounded to float32 (llama.cpp's order)."""
+    y, w = ts
+    _dtype(y, "f32", what="moe_sum input")
+    _dtype(w, "f32", what="moe_sum weights")
+    _rank(w, 2, "moe_sum weights")
+    _same(y.shape[0], w.shape[0], "moe_sum weights vs rows")
+    k = w.shape[1]
+    _need(isinstance(k, int) and isinstance(y.shape[1], int) and y.shape[1] % k == 0,
+          f"moe_sum: rows of {y.shape[1]} are not {k} slots")
+    return (y.with_shape(y.shape[0], y.shape[1] // k),)
+
+
 def check_attrs(opdef: OpDef, attrs: dict[str, Any]) -> None:
     missing = set(opdef.attrs) - set(attrs)
     extra = set(attrs) - set(opdef.attrs)

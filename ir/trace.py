@@ -93,16 +93,24 @@ class Tracer:
             return lambda *operands, **attrs: self.emit(op, *operands, **attrs)
         raise AttributeError(op)
 
-    def matmul(self, x: Traced, w: Traced) -> Traced:
-        """x @ w.T, with x first packed to the activation format w's dot product takes (one pack per
-        value and format, shared by every projection that reads it)."""
+    def _packed_for(self, x: Traced, w: Traced) -> Traced:
+        """x packed to the activation format w's dot product takes (one pack per value and format, shared
+        by every projection that reads it)."""
         fmt = ACTIVATION_FORMAT.get(w.type.dtype, "f32")
-        if fmt != x.type.dtype:
-            key = (x.value, fmt)
-            if key not in self._packed:
-                self._packed[key] = self.emit("pack", x, format=fmt)
-            x = self._packed[key]
-        return self.emit("matmul", x, w)
+        if fmt == x.type.dtype:
+            return x
+        key = (x.value, fmt)
+        if key not in self._packed:
+            self._packed[key] = self.emit("pack", x, format=fmt)
+        return self._packed[key]
+
+    def matmul(self, x: Traced, w: Traced) -> Traced:
+        """x @ w.T, x packed for w first."""
+        return self.emit("matmul", self._packed_for(x, w), w)
+
+    def matmul_experts(self, x: Traced, w: Traced, ids: Traced) -> Traced:
+        """The routed experts' projections of x (ir/ops.py matmul_experts), x packed for w first."""
+        return self.emit("matmul_experts", self._packed_for(x, w), w, ids)
 
     def last_rows(self, x: Traced) -> Traced:
         """The rows whose next token is wanted: each sequence's last row in prefill, every row in decode."""

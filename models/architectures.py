@@ -10,7 +10,7 @@ from .errors import ConfigError
 
 # the Llama family's variants are switches of one definition (models/llama.py)
 DEFINITIONS: dict[str, Callable] = {"llama": llama.decoder, "qwen2": llama.decoder, "qwen3": llama.decoder,
-                                    "phi3": llama.decoder, "gemma3": gemma3.decoder}
+                                    "phi3": llama.decoder, "qwen3moe": llama.decoder, "gemma3": gemma3.decoder}
 assert set(DEFINITIONS) == set(SUPPORTED_ARCHITECTURES)
 
 

@@ -40,7 +40,8 @@ WEIGHT_STD = 0.02
 # A tied table is drawn at 1 / sqrt(dim) and output_norm carries the head's gain instead: a table as large as
 # the layers' outputs would make every position predict its own token.
 FAN_IN_GAINS = {"attn_q": 1.5, "attn_k": 1.5, "attn_v": 1.0, "attn_output": 0.5, "ffn_gate": 1.0, "ffn_up": 1.0,
-                "ffn_down": 0.5, "output": 12.0}
+                "ffn_down": 0.5, "output": 12.0, "ffn_gate_inp": 1.0, "ffn_gate_exps": 1.0, "ffn_up_exps": 1.0,
+                "ffn_down_exps": 0.5}
 # A bias spreads as its matrix's outputs do, v's a tenth as much: v's bias reaches every position's
 # output alike, and in a random model that pulls every prediction towards one token.
 BIAS_SHARE = {"attn_q": 1.0, "attn_k": 1.0, "attn_v": 0.1}

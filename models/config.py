@@ -22,6 +22,7 @@ from .gguf import GGUFFile, MetaValue
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: every sixth layer attends globally
 ROPE_BASE_SWA_DEFAULT = 10000.0
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
+MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS
 
 _INT_TYPES = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64}
 _FLOAT_TYPES = {V.FLOAT32, V.FLOAT64}
@@ -69,6 +70,12 @@ class ModelConfig:
     fused_gate_up: bool = False  # gate|up stored as one ffn_up matrix of 2 * ffn_dim rows, gate first (Phi-3)
     longrope: bool = False  # LongRoPE: rope_factors_long/short.weight divide the frequencies (Phi-3)
     rope_attn_factor: float = 1.0  # rope.scaling.attn_factor: the rotated dims of q and k are multiplied by it
+    # mixture of experts (Qwen3-MoE, Mixtral): 0 experts is a dense FFN
+    n_experts: int = 0  # expert_count
+    n_experts_used: int = 0  # expert_used_count: experts routed per token
+    expert_ffn_dim: int = 0  # an expert's FFN width: expert_feed_forward_length, else llama.cpp's default
+    # the routed weights divided by their sum: llama.cpp's build_moe_ffn takes true from qwen3moe and llama
+    expert_weights_norm: bool = False
 
     @property
     def q_dim(self) -> int:
@@ -77,6 +84,10 @@ class ModelConfig:
     @property
     def kv_dim(self) -> int:
         return self.n_kv_heads * self.head_dim
+
+    @property
+    def moe(self) -> bool:
+        return self.n_experts > 0
 
     def is_swa(self, layer: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[layer]
@@ -113,16 +124,22 @@ class Architecture:
     optional: tuple[str, ...] = ()  # the TENSOR_FLAGS it reads from the tensor table
     q_is_dim: bool = False  # create_tensor_qkv gets embedding_length as the query width
     rope_is_head: bool = False  # rope.dimension_count must equal the head size (a load error or graph assert)
+    # mixture of experts: "required" (load_arch_tensors throws without experts), "optional" (llama: experts
+    # when expert_count > 0, Mixtral), "" (none)
+    experts: str = ""
 
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "llama": Architecture({"rope_mode": "norm"}, ("rope_freqs", "fused_qkv", "qkv_bias"), rope_is_head=True),
+    "llama": Architecture({"rope_mode": "norm"}, ("rope_freqs", "fused_qkv", "qkv_bias"), rope_is_head=True,
+                          experts="optional"),
     "gemma3": Architecture({"rope_mode": "neox", "activation": "gelu_tanh", "qk_norm": True, "sandwich_norms": True},
                            ("rope_freqs",)),
     "qwen2": Architecture({"rope_mode": "neox"}, ("fused_qkv", "qkv_bias"), q_is_dim=True, rope_is_head=True),
     "qwen3": Architecture({"rope_mode": "neox", "qk_norm": True}, ("fused_qkv", "qkv_bias"), rope_is_head=True),
     "phi3": Architecture({"rope_mode": "neox", "fused_gate_up": True}, ("fused_qkv", "qkv_bias", "longrope"),
                          q_is_dim=True),
+    "qwen3moe": Architecture({"rope_mode": "neox", "qk_norm": True}, ("fused_qkv", "qkv_bias"), rope_is_head=True,
+                             experts="required"),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -260,6 +277,8 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         **spec.traits,
         **_tensor_flags(f, spec),
     )
+    if spec.experts:
+        common |= _experts(f, m, common)
     cfg = _gemma3(f, m, common) if arch == "gemma3" else ModelConfig(**common)
     validate_config(cfg, f.path)
     if f.tensors:
@@ -268,6 +287,21 @@ def config_from_gguf(f: GGUFFile) -> ModelConfig:
         _check(f, top >= n_layers, f"{arch}.block_count is {n_layers} but the tensor table has "
                                    f"{'no layer tensors' if not layers else f'layers 0..{top - 1} only'}")
     return cfg
+
+
+def _experts(f: GGUFFile, m: _Meta, common: dict[str, Any]) -> dict[str, Any]:
+    """The experts' keys as llama.cpp's load_hparams reads them: expert_count, expert_used_count (one count
+    for every layer), and an expert's FFN width (qwen3moe: expert_feed_forward_length, else
+    feed_forward_length / expert_used_count; llama: feed_forward_length)."""
+    n = m.int("{arch}.expert_count", 0)
+    if n == 0:
+        return {}
+    used = m.int("{arch}.expert_used_count", 0)
+    _check(f, 1 <= used <= n, f"{m.key('{arch}.expert_used_count')} is {used} (must be 1..{n} experts)")
+    ffn = common["ffn_dim"]
+    if common["arch"] == "qwen3moe":
+        ffn = m.int("{arch}.expert_feed_forward_length", 0) or ffn // used
+    return dict(n_experts=n, n_experts_used=used, expert_ffn_dim=ffn, expert_weights_norm=True)
 
 
 def _gemma3(f: GGUFFile, m: _Meta, common: dict[str, Any]) -> ModelConfig:
@@ -336,6 +370,13 @@ def validate_config(c: ModelConfig, where: str) -> None:
         check(not getattr(c, flag) or flag in spec.optional, f"{a} models have no {what}")
     check(len(c.swa_layers) in (0, c.n_layers), f"sliding-window pattern covers {len(c.swa_layers)} of "
                                                 f"{c.n_layers} layers")
+    check(spec.experts != "required" or c.moe, f"{a}.expert_count must be > 0 for {a}")
+    check(not c.moe or spec.experts, f"{a} models have no experts")
+    if c.moe:
+        check(c.n_experts <= MAX_EXPERTS, f"{a}.expert_count is {c.n_experts} (must be 1..{MAX_EXPERTS})")
+        check(1 <= c.n_experts_used <= c.n_experts,
+              f"{a}.expert_used_count is {c.n_experts_used} (must be 1..{c.n_experts} experts)")
+        check(c.expert_ffn_dim >= 1, f"{a}.expert_feed_forward_length is {c.expert_ffn_dim}")
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -361,7 +402,7 @@ def config_to_metadata(c: ModelConfig) -> list[tuple[str, MetaValue]]:
         out += [u32("{arch}.vocab_size", c.vocab_size), u32("{arch}.rope.dimension_count", c.rope_dims)]
         if c.q_dim != c.dim:  # Mistral Nemo: the head size is not embedding_length / head_count
             out += head_keys
-    elif c.arch == "qwen3":
+    elif c.arch in ("qwen3", "qwen3moe"):
         out += head_keys
     elif c.arch == "phi3":
         out.append(u32("{arch}.rope.dimension_count", c.rope_dims))
@@ -376,6 +417,10 @@ def config_to_metadata(c: ModelConfig) -> list[tuple[str, MetaValue]]:
             out.append(f32("{arch}.rope.freq_base_swa", c.rope_base_swa))
         if c.logit_softcap:
             out.append(f32("{arch}.final_logit_softcapping", c.logit_softcap))
+    if c.moe:
+        out += [u32("{arch}.expert_count", c.n_experts), u32("{arch}.expert_used_count", c.n_experts_used)]
+        if c.arch == "qwen3moe":
+            out.append(u32("{arch}.expert_feed_forward_length", c.expert_ffn_dim))
     if c.rope_scale != 1.0:
         out += [(f"{c.arch}.rope.scaling.type", MetaValue(V.STRING, "linear")),
                 f32("{arch}.rope.scaling.factor", 1.0 / c.rope_scale)]

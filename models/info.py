@@ -7,7 +7,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from .config import config_from_gguf
+from .config import ModelConfig, config_from_gguf
 from .gguf import GGUFFile, TensorInfo
 from .model import bind_tensors
 from .vocab import check_tokenizer
@@ -23,12 +23,15 @@ def format_table(tensors: list[TensorInfo]) -> dict[str, dict[str, int]]:
     return dict(sorted(table.items(), key=lambda kv: -kv[1]["bytes"]))
 
 
-def decode_bytes_per_token(weights: dict[str, TensorInfo], tied_output: bool) -> int:
+def decode_bytes_per_token(weights: dict[str, TensorInfo], c: ModelConfig, every_expert: bool = False) -> int:
     """Every weight is read once per decoded token, except the embedding table, of which one row is
-    gathered; when the output head is tied to the embedding, the whole table is read as the head."""
+    gathered (when the output head is tied to the embedding, the whole table is read as the head), and a
+    mixture of experts' ffn_*_exps tensors, of which a token reads its n_experts_used routed experts'
+    rows (the active bytes), or every expert's with `every_expert` (what a dense read of the file costs)."""
     embd = weights["token_embd.weight"]
-    rest = sum(t.nbytes for n, t in weights.items() if n != "token_embd.weight")
-    return rest + embd.row_bytes + (embd.nbytes if tied_output else 0)
+    rest = sum(t.nbytes if every_expert or not n.endswith("_exps.weight") else t.nbytes // c.n_experts * c.n_experts_used
+               for n, t in weights.items() if n != "token_embd.weight")
+    return rest + embd.row_bytes + (embd.nbytes if c.tied_output else 0)
 
 
 def describe(path: str | os.PathLike) -> dict[str, Any]:
@@ -57,5 +60,6 @@ def describe(path: str | os.PathLike) -> dict[str, Any]:
         "tensor_count": len(f.tensors),
         "formats": format_table(list(f.tensors.values())),
         "tensor_bytes": sum(t.nbytes for t in f.tensors.values()),
-        "decode_bytes_per_token": decode_bytes_per_token(weights, cfg.tied_output) if weights else None,
+        "decode_bytes_per_token": decode_bytes_per_token(weights, cfg) if weights else None,
+        "decode_bytes_per_token_every_expert": decode_bytes_per_token(weights, cfg, True) if weights and cfg.moe else None,
     }

@@ -81,11 +81,27 @@ PRESETS: dict[str, Preset] = {
         n_layers=32, dim=3072, n_heads=32, n_kv_heads=32, ffn_dim=8192, vocab_size=32064,
         context_length=131072, rope_original_context=4096, norm_eps=1e-5, rope_base=10000.0,
         fused_qkv=True, longrope=True)),
+    "tiny-qwen3moe": Preset("qwen3moe", "llama3-bpe", "Qwen3-MoE structure: 16 experts of FFN width 256, 4 routed "
+                            "per token, per-head q/k norms, head_dim 128", dict(
+        n_layers=2, dim=256, n_heads=4, n_kv_heads=2, head_dim=128, ffn_dim=768, vocab_size=1024,
+        context_length=40960, norm_eps=1e-6, rope_base=1e6, n_experts=16, n_experts_used=4, expert_ffn_dim=256)),
+    "tiny-mixtral": Preset("llama", "llama-spm", "Mixtral structure (a llama file with experts): 8 experts, 2 "
+                           "routed per token, GQA 2, SentencePiece vocabulary", dict(
+        n_layers=2, dim=256, n_heads=4, n_kv_heads=2, ffn_dim=512, vocab_size=1024,
+        context_length=4096, norm_eps=1e-5, rope_base=1e6, n_experts=8, n_experts_used=2)),
+    "qwen3-30b-a3b": Preset("qwen3moe", "llama3-bpe", "Qwen3-30B-A3B's exact shapes: 128 experts of FFN width 768, "
+                            "8 routed per token (about 3.3B of 30.5B parameters active)", dict(
+        n_layers=48, dim=2048, n_heads=32, n_kv_heads=4, head_dim=128, ffn_dim=6144, vocab_size=151936,
+        context_length=40960, norm_eps=1e-6, rope_base=1e6, n_experts=128, n_experts_used=8, expert_ffn_dim=768)),
+    "mixtral-8x7b": Preset("llama", "llama-spm", "Mixtral-8x7B's exact shapes: 8 experts of FFN width 14336, 2 "
+                           "routed per token", dict(
+        n_layers=32, dim=4096, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32000,
+        context_length=32768, norm_eps=1e-5, rope_base=1e6, n_experts=8, n_experts_used=2)),
 }
 
 # fields that follow from the architecture or the other fields and cannot be set
 _NOT_SETTABLE = {"arch", "name", "attn_scale", "embed_scale", "swa_layers", "activation", "qk_norm", "sandwich_norms",
-                 "rope_mode", "fused_gate_up"}
+                 "rope_mode", "fused_gate_up", "expert_weights_norm"}
 
 
 def longrope_attn_factor(context: int, original: int) -> float:
@@ -109,6 +125,11 @@ def make_config(arch: str, name: str, **shape: Any) -> ModelConfig:
         s.setdefault("rope_attn_factor", longrope_attn_factor(s["context_length"], s["rope_original_context"]))
     if "rope_attn_factor" in s:
         s["rope_attn_factor"] = float32_decimal(s["rope_attn_factor"])
+    if s.get("n_experts"):  # as config.py reads them back: llama's experts are feed_forward_length wide
+        if arch == "llama":
+            s["expert_ffn_dim"] = s["ffn_dim"]
+        s.setdefault("expert_ffn_dim", s["ffn_dim"] // s["n_experts_used"])
+        s["expert_weights_norm"] = True
     if arch == "gemma3":
         s.setdefault("tied_output", True)
         s.setdefault("embed_scale", math.sqrt(s["dim"]))

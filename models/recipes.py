@@ -41,8 +41,10 @@ def _is_attn_v(name: str) -> bool:
 
 
 def _quantizable(name: str, shape: tuple[int, ...]) -> bool:
-    # llama.cpp's tensor_allows_quantization, for the tensors our architectures have
-    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
+    # llama.cpp's tensor_allows_quantization, for the tensors our architectures have: not norms, not the
+    # experts' router gate
+    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name and \
+        "ffn_gate_inp.weight" not in name
 
 
 def _fits(fmt: str, ncols: int) -> bool:
@@ -77,8 +79,14 @@ def tensor_formats(c: ModelConfig, recipe: str, shapes: dict[str, tuple[int, ...
                 fmt = "Q5_K"
             if _is_type_70b(c) and fmt in ("Q3_K", "Q4_K"):
                 fmt = "Q5_K"
+            if c.n_experts == 8:  # llama.cpp: "for the 8-expert model, bumping this to Q8_0 trades just ~128MB"
+                fmt = "Q8_0"
             i_attn_v += 1
-        elif name.endswith("ffn_down.weight"):
+        elif name.endswith("attn_k.weight") and c.n_experts == 8:
+            fmt = "Q8_0"
+        elif name.endswith("attn_output.weight") and c.n_experts == 8 and recipe == "Q4_K_M":
+            fmt = "Q5_K"
+        elif name.endswith(("ffn_down.weight", "ffn_down_exps.weight")):
             layer = int(name.split(".")[1])
             if recipe == "Q4_K_M" and use_more_bits(layer, c.n_layers):
                 fmt = "Q6_K"

@@ -25,12 +25,17 @@ def expected_tensors(c: ModelConfig) -> dict[str, tuple[int, ...]]:
         "attn_norm.weight": (c.dim,),
         "attn_output.weight": (c.q_dim, c.dim),
         "ffn_norm.weight": (c.dim,),
-        "ffn_down.weight": (c.ffn_dim, c.dim),
     }
-    if c.fused_gate_up:
+    if c.moe:  # the router's gate, then each projection of every expert in one tensor, expert last
+        e, f = c.n_experts, c.expert_ffn_dim
+        layer |= {"ffn_gate_inp.weight": (c.dim, e), "ffn_gate_exps.weight": (c.dim, f, e),
+                  "ffn_up_exps.weight": (c.dim, f, e), "ffn_down_exps.weight": (f, c.dim, e)}
+    elif c.fused_gate_up:
         layer["ffn_up.weight"] = (c.dim, 2 * c.ffn_dim)
     else:
         layer |= {"ffn_gate.weight": (c.dim, c.ffn_dim), "ffn_up.weight": (c.dim, c.ffn_dim)}
+    if not c.moe:
+        layer["ffn_down.weight"] = (c.ffn_dim, c.dim)
     if c.qk_norm:
         layer |= {"attn_q_norm.weight": (c.head_dim,), "attn_k_norm.weight": (c.head_dim,)}
     if c.sandwich_norms:

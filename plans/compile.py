@@ -165,7 +165,7 @@ def compile_model(model: Model, device: DeviceFacts, out: str | os.PathLike, ctx
         weights={name: WeightInfo(fmt, tuple(shape), layouts.get(name, {})) for name, (fmt, shape) in table.items()},
         declines=declines, kernels=kernels,
         tune=TuneRecord(store.describe(), device.tune_key, isa_decision | tuned_decisions(phases)),
-        device_memory=memory, decode_bytes_per_token=decode_bytes_per_token(model.weights, model.config.tied_output),
+        device_memory=memory, decode_bytes_per_token=decode_bytes_per_token(model.weights, model.config),
         cpu=section if gpu is None else None, gpu=section if gpu is not None else None)
     with phase(f"write {os.fspath(out)}"):
         size = write_plan(out, header, body)

@@ -16,6 +16,11 @@ heuristic without an entry is t16, 2 tiles ahead (the family's default) for a mo
 machine's last-level cache, none for one that fits in it (tiny-llama3's 17 MB in a 32 MB cache:
 its one-row projections measured 12-24% faster without).
 
+The routed experts' projections (codegen/cpu_families/experts.py) run each expert's rows on the same
+engines, so they take the same schedules, decided per kernel, K, N and the rows routed to an expert on
+average (Shape); tuning/cpu_schedules.py probes them with each row routed to distinct experts, as a
+router routes.
+
 A schedule travels as the launch's member and as its kernel calls' last three arguments (task_rows,
 ahead, cols: the last parameters of both families' kernels). tuning/cpu_schedules.py measures them.
 """
@@ -28,6 +33,7 @@ from dataclasses import dataclass, field
 from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_build import CpuLibrary
 from llmplan.codegen.cpu_families import matmul
+from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import I32, Launch, Phase, Weight
 from llmplan.models.gguf import GGUFFile
 
@@ -49,14 +55,20 @@ DEFAULT = Schedule(matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD)
 IN_CACHE = Schedule(matmul.DEFAULT_TASK_ROWS, 0)  # the heuristic where the whole model fits the cache
 
 
+EXPERTS = ops_of("experts")  # each routed expert's rows a projection of its own
+
+
 @dataclass(frozen=True)
 class Shape:
     """What a projection's best schedule depends on: its kernel (formats, segments, epilogue), K, each
-    segment's N, the phase's rows; `phase` is where its launches' buffers are described."""
+    segment's N, the rows one pass over the weight serves (the phase's; an expert's: the phase's rows x
+    the routed slots / the experts, at least 1, the rows routed to it on average); `phase` is where its
+    launches' buffers are described, `step_rows` the phase's rows a probe runs them with."""
 
     kernel: str
     projection: cpu_decisions.Projection
     phase: Phase = field(compare=False, hash=False, repr=False)
+    step_rows: int = field(default=0, compare=False, hash=False)
 
     @property
     def key(self) -> str:
@@ -74,11 +86,15 @@ class NativeTasks:
         self.default = IN_CACHE if file.size <= cpu_decisions.last_level_cache() else DEFAULT
 
     def projection(self, launch, buffers, dims, weights) -> Shape | None:
-        p = cpu_decisions.projection(launch, buffers, dims, weights)
-        if p is None:
-            return None
         phase = next(ph for ph in self.phases.values() if ph.buffers is buffers)
-        return Shape(launch.kernels[0].name, p, phase)
+        if launch.op in EXPERTS:
+            experts, n, k = weights[launch.args[1].name][1]
+            rows, top = buffers[launch.args[2].index].shape  # the expert ids
+            rows = rows if isinstance(rows, int) else dims[rows]
+            p = cpu_decisions.Projection(k, (n,), max(1, -(-rows * top // experts)))
+            return Shape(launch.kernels[0].name, p, phase, rows)
+        p = cpu_decisions.projection(launch, buffers, dims, weights)
+        return None if p is None else Shape(launch.kernels[0].name, p, phase, p.rows)
 
     def candidates(self, shape: Shape) -> list[Schedule]:
         """The heuristic's schedule first (the reference the others are checked against), then those that

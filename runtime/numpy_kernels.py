@@ -174,8 +174,25 @@ def tail_argmax(op, a, out, x, norm_w, head, mask):
     out[0][...] = num.masked_argmax(num.matmul(xv, head, **_strategy(a)), mask)
 
 
+def moe_router(op, a, out, x, gate):
+    """The router: out[0] the routed experts' ids, out[1] their weights (numerics.route of x's gate logits)."""
+    out[0][...], out[1][...] = num.route(num.matmul(x, gate), a["k"], a["norm"])
+
+
+def experts(op, a, out, x, w, ids, *rest):
+    """matmul_experts (each row's routed projections) and matmul_experts_residual (rest: the routed
+    weights and the residual; out[0] = r + their weighted sum)."""
+    y = num.matmul_experts(values(x), w, ids)
+    if op == "matmul_experts_residual":
+        weights, r = rest
+        out[0][...] = r + num.moe_sum(y, weights)
+    else:
+        out[0][...] = y
+
+
 # kernel family (core/op_traits.py) -> its NumPy twin
 KERNELS: dict[str, Callable[..., Any]] = {
     "embed": embed, "norm": norm, "matmul": matmul, "rope_kv": rope_kv, "attention_prefill": attention,
     "attention_decode": attention_decode, "glu": glu_pack, "elementwise": elementwise, "tail": tail_argmax,
+    "router": moe_router, "experts": experts,
 }

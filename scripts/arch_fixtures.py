@@ -1,5 +1,6 @@
-"""Make the reference fixtures of the architectures issue 26 adds, as ../shared/fixtures' were made, and
-record llama.cpp's outputs on them:
+"""Make the reference fixtures of the architectures issues 26 and 27 add (issue 27: mixtures of experts,
+a qwen3moe and a Mixtral-style llama file), as ../shared/fixtures' were made, and record llama.cpp's
+outputs on them:
 
     python scripts/arch_fixtures.py [--only NAME,...]
 
@@ -117,6 +118,8 @@ ARCH_FIXTURES = {
     "tiny-qwen3-bpe-Q4_K_M": Fixture("tiny-qwen3", "tiny-llama3-bpe-Q4_K_M", qwen_vocab),
     "tiny-phi3-spm-Q4_K_M": Fixture("tiny-phi3", "tiny-llama-spm-Q4_K_M", phi3_vocab),
     "tiny-mistral-bpe-Q4_K_M": Fixture("tiny-mistral", "tiny-llama3-bpe-Q4_K_M", same_vocab),
+    "tiny-qwen3moe-bpe-Q4_K_M": Fixture("tiny-qwen3moe", "tiny-llama3-bpe-Q4_K_M", qwen_vocab),
+    "tiny-mixtral-spm-Q4_K_M": Fixture("tiny-mixtral", "tiny-llama-spm-Q4_K_M", same_vocab),
 }
 
 

@@ -120,7 +120,7 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
             t0 = time.perf_counter()
             fn()
             seconds[phase][ex.phases[phase].launches[i].op] += time.perf_counter() - t0
-        return {k: ex.driver.read(ex.region(phase, ex.phases[phase]["outputs"][k], dims)).result()
+        return {k: ex.driver.read(ex.region(phase, ex.phases[phase].outputs[k], dims)).result()
                 for k in want if k != "cache"}
 
     chunk = limits.chunk

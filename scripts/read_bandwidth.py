@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 
+from llmplan.codegen import cpu_build
 from llmplan.codegen.host import build_library
 
 _STREAM = r"""
@@ -45,7 +46,7 @@ class ReadBandwidth:
     measurement in GB/s, the best of `reps` streams."""
 
     def __init__(self, threads: int, gib: float = 0.5):
-        self.lib = build_library(_STREAM, ["-std=c++20", "-O3", "-mavx2", "-pthread"], "bench").load()
+        self.lib = build_library(_STREAM, ["-std=c++20", "-O3", "-mavx2", "-pthread"], "bench", cpu_build.compiler()).load()
         self.lib.lp_bench_read.restype = ctypes.c_uint64
         self.lib.lp_bench_read.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
         self.threads = threads

@@ -1,4 +1,5 @@
-"""The reference fixtures of the architectures issue 26 adds (tests/data, made by scripts/arch_fixtures.py):
+"""The reference fixtures of the architectures issues 26 and 27 add (tests/data, made by
+scripts/arch_fixtures.py; issue 27's are the mixtures of experts, MOE_NAMES):
 each file holds exactly the tensors llama.cpp's load_arch_tensors takes, has its architecture's features
 on, carries the formats llama.cpp's quantizer chose (which our Q4_K_M recipe predicts), and its
 references were recorded from it."""
@@ -46,16 +47,35 @@ LLAMA_CPP_TENSORS = {
          "attn_v.weight": (512, 128), "attn_output.weight": (256, 512), "ffn_norm.weight": (512,),
          "ffn_gate.weight": (512, 512), "ffn_down.weight": (512, 512), "ffn_up.weight": (512, 512)}),
 }
+# the mixtures of experts (src/models/qwen3moe.cpp, llama.cpp's llama with n_expert > 0): the router's
+# gate {n_embd, n_expert} and each projection of every expert in one tensor, experts last
+MOE_TENSORS = {
+    "tiny-qwen3moe-bpe-Q4_K_M": (  # dim 256, 4 heads x 128, 2 KV heads, 16 experts of 256, 4 routed
+        {"token_embd.weight": (256, 2998), "output_norm.weight": (256,), "output.weight": (256, 2998)},
+        {"attn_norm.weight": (256,), "attn_q.weight": (256, 512), "attn_k.weight": (256, 256),
+         "attn_v.weight": (256, 256), "attn_output.weight": (512, 256), "attn_k_norm.weight": (128,),
+         "attn_q_norm.weight": (128,), "ffn_norm.weight": (256,), "ffn_gate_inp.weight": (256, 16),
+         "ffn_gate_exps.weight": (256, 256, 16), "ffn_down_exps.weight": (256, 256, 16),
+         "ffn_up_exps.weight": (256, 256, 16)}),
+    "tiny-mixtral-spm-Q4_K_M": (  # llama; dim 256, 4 heads x 64, 2 KV heads, 8 experts of 512, 2 routed
+        {"token_embd.weight": (256, 3000), "output_norm.weight": (256,), "output.weight": (256, 3000)},
+        {"attn_norm.weight": (256,), "attn_q.weight": (256, 256), "attn_k.weight": (256, 128),
+         "attn_v.weight": (256, 128), "attn_output.weight": (256, 256), "ffn_norm.weight": (256,),
+         "ffn_gate_inp.weight": (256, 8), "ffn_gate_exps.weight": (256, 512, 8),
+         "ffn_down_exps.weight": (512, 256, 8), "ffn_up_exps.weight": (256, 512, 8)}),
+}
 NAMES = list(LLAMA_CPP_TENSORS)
+MOE_NAMES = list(MOE_TENSORS)
+ALL_NAMES = NAMES + MOE_NAMES
 
 
 def _file(name):
     return GGUFFile(DATA / f"{name}.gguf")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_tensors_are_the_ones_llama_cpp_takes(name):
-    top, layer = LLAMA_CPP_TENSORS[name]
+    top, layer = (LLAMA_CPP_TENSORS | MOE_TENSORS)[name]
     f = _file(name)
     want = top | {f"blk.{i}.{k}": shape for i in range(2) for k, shape in layer.items()}
     assert {n: t.shape for n, t in f.tensors.items()} == want
@@ -76,17 +96,29 @@ def test_features_on():
     assert mistral.dim // mistral.n_heads == 256
 
 
-@pytest.mark.parametrize("name", NAMES)
+def test_moe_features_on():
+    """qwen3moe: expert_feed_forward_length apart from feed_forward_length; Mixtral: a llama file whose
+    experts are feed_forward_length wide; both divide the routed weights by their sum."""
+    qwen3moe, mixtral = (config_from_gguf(_file(n)) for n in MOE_NAMES)
+    assert (qwen3moe.arch, qwen3moe.n_experts, qwen3moe.n_experts_used, qwen3moe.expert_ffn_dim, qwen3moe.ffn_dim,
+            qwen3moe.qk_norm, qwen3moe.expert_weights_norm) == ("qwen3moe", 16, 4, 256, 768, True, True)
+    assert (mixtral.arch, mixtral.n_experts, mixtral.n_experts_used, mixtral.expert_ffn_dim, mixtral.tied_output,
+            mixtral.expert_weights_norm) == ("llama", 8, 2, 512, False, True)
+
+
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_our_recipe_predicts_llama_cpps_formats(name):
     """llama.cpp's quantizer chose every format (Q5_0 and Q8_0 where rows of 384 do not fit Q4_K and Q6_K;
-    attn_qkv on attn_v's schedule); our Q4_K_M recipe makes the same choice for each tensor."""
+    attn_qkv on attn_v's schedule; an 8-expert model's attn_k and attn_v at Q8_0 and attn_output at Q5_K,
+    ffn_down_exps on ffn_down's schedule, the router's gate left f32); our Q4_K_M recipe makes the same
+    choice for each tensor."""
     f = _file(name)
     c = config_from_gguf(f)
     ours = {n: fmt.type for n, fmt in tensor_formats(c, "Q4_K_M", expected_tensors(c)).items()}
     assert ours == {n: t.type for n, t in f.tensors.items()}
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_references_complete(name):
     ref = json.loads((DATA / f"ref_{name}.json").read_text())
     rows = np.load(DATA / f"ref_{name}.npz")
@@ -97,8 +129,11 @@ def test_references_complete(name):
     assert texts[:len(strings)] == strings and len(texts) == len(strings) + 2  # and the two chat strings
     assert [g["prompt"] for g in ref["generate"]] == prompts
     vocab = len(_file(name).get("tokenizer.ggml.tokens"))
+    eog = load_tokenizer(_file(name)).eog
     for k, g in enumerate(ref["generate"]):
-        assert len(g["greedy_ids"]) == len(g["top1_margin"]) == len(g["top5"]) == 24
+        n = len(g["greedy_ids"])  # 24 steps, or fewer ending at an end-of-generation token (llama.cpp's stop)
+        assert n == len(g["top1_margin"]) == len(g["top5"]) and (n == 24 or (n < 24 and g["greedy_ids"][-1] in eog))
+        assert not eog & set(g["greedy_ids"][:-1])
         row = rows[f"p{k}_last_prompt"]
         assert row.shape == (vocab,) and row.dtype == np.float32 and np.isfinite(row).all()
         assert g["greedy_ids"][0] == int(np.argmax(row))
@@ -107,7 +142,7 @@ def test_references_complete(name):
     assert llama_cpp_bound(name) >= 1e-3
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_our_tokenizer_gives_llama_cpps_ids(name):
     """Every recorded string, with BOS and special tokens as text and without BOS with them parsed, and
     every prompt: llama.cpp's ids (Phi-3's special tokens swallow the whitespace after them)."""
@@ -121,7 +156,7 @@ def test_our_tokenizer_gives_llama_cpps_ids(name):
 
 
 @pytest.mark.skipif(not llama_cpp.available(), reason="llama-cpp-python is not installed (not a dependency)")
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", ALL_NAMES)
 def test_references_come_from_these_files(name):
     """llama.cpp with the recording's settings gives the recorded row bit for bit."""
     ref = json.loads((DATA / f"ref_{name}.json").read_text())

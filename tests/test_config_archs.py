@@ -22,7 +22,8 @@ from llmplan.models.tensor_table import expected_tensors
 from model_files import rewrite, u32
 
 NEW_PRESETS = ["tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-mistral", "llama3.2-1b", "smollm2-135m",
-               "mistral-nemo", "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "phi3-mini"]
+               "mistral-nemo", "qwen2.5-0.5b", "qwen2.5-7b", "qwen3-0.6b", "qwen3-8b", "phi3-mini", "tiny-qwen3moe",
+               "tiny-mixtral", "qwen3-30b-a3b", "mixtral-8x7b"]
 
 
 def _metadata_only(path, c):
@@ -53,6 +54,8 @@ VARIANTS = [
     ("tiny-phi3", {"fused_qkv": "false", "qkv_bias": "true", "longrope": "false"}),
     ("tiny-mistral", {}),
     ("tiny-mistral", {"fused_qkv": "true", "qkv_bias": "true"}),
+    ("tiny-qwen3moe", {}),
+    ("tiny-mixtral", {}),
 ]
 
 
@@ -159,7 +162,7 @@ def built(tmp_path_factory):
     """Tiny files of each new architecture, F32 (fast to write)."""
     root = tmp_path_factory.mktemp("archs")
     paths = {}
-    for preset in ("tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-mistral"):
+    for preset in ("tiny-qwen2", "tiny-qwen3", "tiny-phi3", "tiny-mistral", "tiny-qwen3moe"):
         paths[preset] = root / f"{preset}.gguf"
         plan_build(paths[preset], preset, "F32").write(progress=False)
     return paths
@@ -200,6 +203,12 @@ BAD = [
      "phi3.rope.scaling.type 'longrope' is not supported"),
     ("tiny-mistral", {"llama.rope.dimension_count": u32(64)},
      "llama.rope.dimension_count 64 must equal the head size 128"),
+    ("tiny-qwen3moe", {"qwen3moe.expert_used_count": u32(17)},
+     r"qwen3moe.expert_used_count is 17 \(must be 1..16 experts\)"),
+    ("tiny-qwen3moe", {"qwen3moe.expert_count": u32(0)}, "qwen3moe.expert_count must be > 0 for qwen3moe"),
+    ("tiny-qwen3moe", {"qwen3moe.expert_count": u32(2048)}, r"qwen3moe.expert_count is 2048 \(must be 1..1024\)"),
+    ("tiny-mistral", {"llama.expert_count": u32(8), "llama.expert_used_count": u32(2)},
+     r"missing tensor blk.0.ffn_down_exps.weight \(shape \(512, 512, 8\)\) and 7 more"),
 ]
 
 
@@ -257,7 +266,8 @@ def test_real_presets_have_the_models_parameter_counts():
     """The parameter counts of the released models (their safetensors totals), from the presets' shapes."""
     real = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-7b": 7_615_616_512, "qwen3-0.6b": 596_049_920,
             "qwen3-8b": 8_190_735_360, "phi3-mini": 3_821_079_552, "smollm2-135m": 134_515_008,
-            "llama3.2-1b": 1_235_814_400, "mistral-nemo": 12_247_782_400}
+            "llama3.2-1b": 1_235_814_400, "mistral-nemo": 12_247_782_400, "qwen3-30b-a3b": 30_532_122_624,
+            "mixtral-8x7b": 46_702_792_704}
     counts = {name: sum(math.prod(s) for n, s in expected_tensors(preset_config(name)).items()
                         if not n.startswith("rope_")) for name in real}
     assert counts == real

@@ -41,7 +41,8 @@ PACK_FORMATS = Q8 + ("f16", "bf16")
 TESTED_OPS = {
     "embed", "rmsnorm", "rmsnorm_pack", "pack", "matmul", "matmul_segmented", "matmul_residual", "rope_kv",
     "norm_rope_kv", "attention", "attention_partial", "attention_reduce", "attention_reduce_pack", "glu_pack",
-    "add", "mul", "scale", "silu", "gelu_tanh", "softcap", "take_rows", "tail_argmax",
+    "add", "mul", "scale", "silu", "gelu_tanh", "softcap", "take_rows", "tail_argmax", "moe_router", "matmul_experts",
+    "matmul_experts_residual",
 }
 
 
@@ -394,6 +395,59 @@ def test_matmul_residual(rng, fmt, rows):
     assert_written(out)
     assert_close(out, IMPLS["matmul_residual"]({}, xv, w, r), ORDER)
     assert_close(out, r + _matmul_reference(xv, w), ORDER)
+
+
+# --- mixture of experts ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("experts, top", [(8, 2), (128, 8)])
+def test_moe_router(rng, experts, top):
+    rows, k = 6, 128
+    x, gate = normal(rng, rows, k), normal(rng, experts, k, scale=0.1)
+    ids, w = poisoned((rows, top), np.int32), poisoned((rows, top), F32)
+    run("moe_router", {"k": top, "norm": True}, [ids, w], x, gate)
+    assert_written(ids)
+    assert_written(w)
+    want_ids, want_w = IMPLS["moe_router"]({"k": top, "norm": True}, x, gate)
+    assert_same(ids, want_ids)
+    assert_same(w, want_w)
+    p = np.exp(_matmul_reference(x, gate))
+    p /= p.sum(axis=1, keepdims=True)
+    assert (ids == np.argsort(-p, axis=1)[:, :top]).all()  # independent of our softmax and sort
+    chosen = np.take_along_axis(p, ids, axis=1)
+    assert_close(w, chosen / chosen.sum(axis=1, keepdims=True), EXACT)
+
+
+@pytest.mark.parametrize("fmt", ["f32", "q8_0", "q8_k"])
+@pytest.mark.parametrize("rows, sliced", [(1, False), (5, True)])
+def test_matmul_experts(rng, fmt, rows, sliced):
+    experts, top, k, n = 6, 3, 256, 32
+    x, xv = random_activation(rng, fmt, rows, top * k if sliced else k)
+    w = normal(rng, experts, n, k, scale=0.05)
+    ids = rng.integers(0, experts, (rows, top)).astype(np.int32)
+    out = poisoned((rows, top * n), F32)
+    run("matmul_experts", {}, [out], x, w, ids)
+    assert_written(out)
+    assert_close(out, IMPLS["matmul_experts"]({}, xv, w, ids), ORDER)
+    xs = xv.reshape(rows, -1, k) if sliced else np.repeat(xv[:, None], top, axis=1)
+    for j in range(top):
+        want = np.einsum("rk,rnk->rn", xs[:, j].astype(np.float64), w[ids[:, j]].astype(np.float64))
+        assert_close(out[:, j * n:(j + 1) * n], want, ORDER)
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q8_k"])
+def test_matmul_experts_residual(rng, fmt):
+    rows, experts, top, k, n = 4, 5, 2, 256, 48
+    x, xv = random_activation(rng, fmt, rows, top * k)
+    w, r = normal(rng, experts, n, k, scale=0.05), normal(rng, rows, n)
+    ids = rng.integers(0, experts, (rows, top)).astype(np.int32)
+    wt = rng.random((rows, top)).astype(F32)
+    out = poisoned((rows, n), F32)
+    run("matmul_experts_residual", {}, [out], x, w, ids, wt, r)
+    assert_written(out)
+    assert_close(out, IMPLS["matmul_experts_residual"]({}, xv, w, ids, wt, r), ORDER)
+    xs = xv.reshape(rows, top, k).astype(np.float64)
+    want = r + sum(wt[:, j:j + 1] * np.einsum("rk,rnk->rn", xs[:, j], w[ids[:, j]].astype(np.float64)) for j in range(top))
+    assert_close(out, want, ORDER)
 
 
 # --- rope_kv, norm_rope_kv -------------------------------------------------------------------------

@@ -4,7 +4,7 @@ graph replay and pipelined decode give the direct launches' tokens; every launch
 (poison mode, on the tiny models). scripts/device-check runs these on the H200 (LLMPLAN_GPU_DEVICE=cuda, the default), and
 with --emu on the emulated GPU (LLMPLAN_GPU_DEVICE=emu, plans for sm_90), which CI does.
 
-Models: the two fixtures, and what device-check builds into $LLMPLAN_GPU_MODELS (models.json: name ->
+Models: the two fixtures, the two mixtures of experts of tests/data, and what device-check builds into $LLMPLAN_GPU_MODELS (models.json: name ->
 GGUF; the gemma3-270m-shaped model, the llama3-8b preset with its CPU plan's reference in
 <name>.reference.npz, carried from scripts/device-carry or computed beside these tests because the CPU
 plan of an 8B model is slow, and its GPU plan in <name>.gpu.plan, which the benchmark uses too).
@@ -30,6 +30,8 @@ from llmplan.runtime.requests import Request
 from conftest import TINY_BPE, TINY_SPM
 from kernel_inputs import nmse
 
+DATA = Path(__file__).parent / "data"
+
 DEVICE = os.environ.get("LLMPLAN_GPU_DEVICE", "cuda")
 MODELS = Path(os.environ["LLMPLAN_GPU_MODELS"]) if os.environ.get("LLMPLAN_GPU_MODELS") else None
 STEPS = 16 if DEVICE != "emu" else 4  # the emulated GPU is slow: fewer steps prove the same logic
@@ -54,8 +56,11 @@ def _device_here() -> str:
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(bool(_device_here()), reason=_device_here() or "-")]
 
 
+MOE = {"tiny-qwen3moe": str(DATA / "tiny-qwen3moe-bpe-Q4_K_M.gguf"), "tiny-mixtral": str(DATA / "tiny-mixtral-spm-Q4_K_M.gguf")}
+
+
 def models() -> dict[str, str]:
-    out = {"tiny-llama": str(TINY_SPM), "tiny-llama3": str(TINY_BPE)}
+    out = {"tiny-llama": str(TINY_SPM), "tiny-llama3": str(TINY_BPE)} | MOE
     if MODELS is not None:
         out |= json.loads((MODELS / "models.json").read_text())
     return out
@@ -142,11 +147,13 @@ def compare(compiled, name: str) -> None:
     assert same_tokens(cpu, gpu, _margin(cpu_engine)) >= 2
 
 
-def test_replay_and_pipelining_give_the_direct_tokens(compiled):
+@pytest.mark.parametrize("name", ["tiny-llama3", "tiny-qwen3moe"])
+def test_replay_and_pipelining_give_the_direct_tokens(compiled, name):
     """Batched decode at widths 3, 2 and 1 (the requests end one after another), direct, replayed, and
     replayed and pipelined: the same tokens; buckets were recorded and replayed, none ran directly; the
-    host kept no copy of the weights."""
-    plan = compiled("tiny-llama3", "gpu")
+    host kept no copy of the weights. A mixture of experts too: its routing changes every step, its
+    launches (the expert ids read from the router's buffers on the device) do not."""
+    plan = compiled(name, "gpu")
     requests = [Request(p, STEPS + 2 * i) for i, p in enumerate(PROMPTS)]
     runs = {}
     for replay, pipelined in ((False, False), (True, False), (True, True)):

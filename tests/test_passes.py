@@ -501,6 +501,60 @@ CASES = [
 }
 """,
      ['fuse-residual declined at blk.0: a norm (blk.0.n.weight) stands between the projection and the residual add']),
+    ('fuse-residual', 'residual_experts',
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
+  @emb : q8_0[16, 64]
+  %0 = embed @emb, %tokens : f32[1, 64]
+  @blk.0.ffn_gate_inp.weight : f32[4, 64]
+  %1, %2 = moe_router[k=2, norm=true] %0, @blk.0.ffn_gate_inp.weight : i32[1, 2], f32[1, 2]
+  %3 = pack[format=q8_0] %0 : q8_0[1, 64]
+  @blk.0.ffn_down_exps.weight : q8_0[4, 64, 64]
+  %4 = matmul_experts %3, @blk.0.ffn_down_exps.weight, %1 : f32[1, 128]
+  %5 = moe_sum %4, %2 : f32[1, 64]
+  %6 = add %0, %5 : f32[1, 64]
+  return x=%6, cache=%cache
+}
+""",
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
+  @emb : q8_0[16, 64]
+  %0 = embed @emb, %tokens : f32[1, 64]
+  @blk.0.ffn_gate_inp.weight : f32[4, 64]
+  %1, %2 = moe_router[k=2, norm=true] %0, @blk.0.ffn_gate_inp.weight : i32[1, 2], f32[1, 2]
+  %3 = pack[format=q8_0] %0 : q8_0[1, 64]
+  @blk.0.ffn_down_exps.weight : q8_0[4, 64, 64]
+  %4 = matmul_experts_residual %3, @blk.0.ffn_down_exps.weight, %1, %2, %0 : f32[1, 64]
+  return x=%4, cache=%cache
+}
+""",
+     []),
+    ('fuse-residual', 'residual_experts_declined',
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
+  @emb : q8_0[16, 64]
+  %0 = embed @emb, %tokens : f32[1, 64]
+  @blk.0.ffn_gate_inp.weight : f32[4, 64]
+  %1, %2 = moe_router[k=2, norm=true] %0, @blk.0.ffn_gate_inp.weight : i32[1, 2], f32[1, 2]
+  %3 = pack[format=q8_0] %0 : q8_0[1, 64]
+  @blk.0.ffn_down_exps.weight : q8_0[4, 64, 64]
+  %4 = matmul_experts %3, @blk.0.ffn_down_exps.weight, %1 : f32[1, 128]
+  %5 = moe_sum %4, %2 : f32[1, 64]
+  %6 = add %0, %5 : f32[1, 64]
+  return x=%6, s=%5, cache=%cache
+}
+""",
+     """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
+  @emb : q8_0[16, 64]
+  %0 = embed @emb, %tokens : f32[1, 64]
+  @blk.0.ffn_gate_inp.weight : f32[4, 64]
+  %1, %2 = moe_router[k=2, norm=true] %0, @blk.0.ffn_gate_inp.weight : i32[1, 2], f32[1, 2]
+  %3 = pack[format=q8_0] %0 : q8_0[1, 64]
+  @blk.0.ffn_down_exps.weight : q8_0[4, 64, 64]
+  %4 = matmul_experts %3, @blk.0.ffn_down_exps.weight, %1 : f32[1, 128]
+  %5 = moe_sum %4, %2 : f32[1, 64]
+  %6 = add %0, %5 : f32[1, 64]
+  return x=%6, s=%5, cache=%cache
+}
+""",
+     ["fuse-residual declined at blk.0: the experts' outputs or their sum have another reader"]),
     ('fuse-tail', 'tail',
      """graph t.decode(%tokens: i32[1], %pos: i32[1], %seq: i32[1], %pages: i32[1, pages], %cache: f16[1, 2, blocks, 16, 32]) {
   @emb : q8_0[16, 64]

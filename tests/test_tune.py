@@ -160,8 +160,11 @@ def _forced_store(path, decisions, build_id, pick) -> dict[str, str]:
     return chosen
 
 
-@pytest.mark.parametrize("kernels", ["native", "numpy"])
-@pytest.mark.parametrize("path", [TINY_SPM, TINY_BPE])
+MOE = Path(__file__).parent / "data" / "tiny-qwen3moe-bpe-Q4_K_M.gguf"  # its experts' schedules decided too
+
+
+@pytest.mark.parametrize("path, kernels", [(TINY_SPM, "native"), (TINY_SPM, "numpy"), (TINY_BPE, "native"),
+                                           (TINY_BPE, "numpy"), (MOE, "native")])
 def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path, kernels, monkeypatch):
     if kernels == "numpy":  # the plan compiled where no C++ compiler is: the NumPy twins' panels
         hide_cxx(monkeypatch)

@@ -17,7 +17,7 @@ from llmplan.core.plan_records import F32, I32, Buf, KernelCall, Ref, State
 from llmplan.core.tune_store import Verdict
 from llmplan.plans import cpu_decisions
 from llmplan.plans.cpu_decisions import DEFAULT, Decision, Panels, Probes, Projection, Strategy
-from llmplan.plans.cpu_schedules import NativeTasks, Schedule, Shape
+from llmplan.plans.cpu_schedules import EXPERTS, NativeTasks, Schedule, Shape
 
 from . import probes as probe_rules
 from .probes import measure, random_operand
@@ -61,10 +61,16 @@ def probe_schedules(kind: NativeTasks, d: Decision, cands: list[Schedule], round
     launch of that shape in turn (so the weights stream from memory as in a step), with random
     activations; each candidate's outputs checked bit for bit against the default's before it is timed."""
     shape: Shape = d.projection
-    phase, dims = shape.phase, dict(shape.phase.dims, rows=shape.projection.rows)
+    phase, dims = shape.phase, dict(shape.phase.dims, rows=shape.step_rows)
     group = [l for l in d.launches if any(l is x for x in phase.launches)]
     rng = np.random.default_rng(zlib.crc32(d.key.encode()))
     arrays: dict[str, np.ndarray] = {}  # activations and outputs, restored before each check
+    if group[0].op in EXPERTS:  # routed as a router routes: each row to `top` distinct experts
+        ids = group[0].args[2]
+        experts = kind.file.weight(group[0].args[1].name).shape[-1]  # GGUF order: the experts last
+        top = phase.buffers[ids.index].shape[1]
+        arrays[f"buf{ids.index}"] = np.stack([rng.permutation(experts)[:top] for _ in range(shape.step_rows)]
+                                             ).astype(np.int32).view(np.uint8).reshape(-1)
     held: dict[tuple[str, str], np.ndarray] = {}  # weights in the layouts the kernels read
 
     def bind(ref: Ref) -> np.ndarray:

@@ -85,6 +85,16 @@ template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k
   }
 }
 
+// bytes of a packed [rows, k] buffer in format FMT (common.cuh lp_q8_rows' planes; plain values)
+template <int FMT> inline size_t packed_bytes(int rows, int k) {
+  const size_t n = (size_t)rows * k;
+  if constexpr (FMT == LP_ACT_Q8_0) return lp_align(n / 32 * 2) + n;
+  else if constexpr (FMT == LP_ACT_Q8_1) return 2 * lp_align(n / 32 * 2) + n;
+  else if constexpr (FMT == LP_ACT_Q8_K) return lp_align(n / 256 * 4) + lp_align(n) + n / 16 * 2;
+  else if constexpr (FMT == LP_ACT_F32) return 4 * n;
+  else return 2 * n;
+}
+
 // the activation format each weight code takes (rows16 records: their format's, q8_k)
 template <int F> constexpr int act_of() {
   if constexpr (is_r16<F>) return LP_ACT_Q8_K;

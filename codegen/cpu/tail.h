@@ -13,16 +13,6 @@
 
 namespace lp_cpu {
 
-// bytes of a packed [rows, k] buffer in format FMT (common.cuh lp_q8_rows' planes; plain values)
-template <int FMT> inline size_t packed_bytes(int rows, int k) {
-  const size_t n = (size_t)rows * k;
-  if constexpr (FMT == LP_ACT_Q8_0) return lp_align(n / 32 * 2) + n;
-  else if constexpr (FMT == LP_ACT_Q8_1) return 2 * lp_align(n / 32 * 2) + n;
-  else if constexpr (FMT == LP_ACT_Q8_K) return lp_align(n / 256 * 4) + lp_align(n) + n / 16 * 2;
-  else if constexpr (FMT == LP_ACT_F32) return 4 * n;
-  else return 2 * n;
-}
-
 // HF: the head's format; FMT: the packed format it takes (LP_ACT_*)
 template <int HF, int FMT>
 inline void tail_argmax(const float* x, const float* norm, const void* head, const uint32_t* mask, int* out, int rows,

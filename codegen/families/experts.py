@@ -1,0 +1,112 @@
+"""The routed experts' projections (codegen/kernels/experts.cu): ops matmul_experts and
+matmul_experts_residual. Expert ids come from the device buffer the router writes, so a decode bucket is a
+fixed launch sequence (graph replay and pipelined decode keep working: the ids change, the launches do not).
+
+One row a step (decode): each slot reads its expert's rows once, which are then the routed experts' rows
+and no others.
+  1. lp_matmul_experts_<format>: grid (top * ceil(n / WAVES), rows), WAVES waves: one wave per output row
+     of one slot's expert (as the mat-vec), the weight's planar planes over experts * n rows; args as
+     codegen/operands.py's experts contract says, y the slots' outputs [rows * top, n].
+More rows (decode-batch, prefill): the slots are grouped by expert on the device, so one pass over an
+expert's rows serves up to COLUMNS of the rows routed to it.
+  1. lp_moe_group: grid (1,), GROUP_THREADS threads; args ids, the groups scratch, rows, experts, top.
+  2. lp_moe_gather_<activation>: grid (top, rows), GROUP_THREADS threads; args x, groups, the gathered
+     activations' scratch [rows, top * k] (each slot's row, in group order), rows, k, top, sliced.
+  3. lp_matmul_experts_grouped_<format>: grid (top * ceil(n / WAVES), rows), WAVES waves; args the gathered
+     activations, the weight, groups, y, rows, k, n, experts, top.
+Then for matmul_experts_residual, whose y is the scratch "matmul_experts.y":
+  last. lp_moe_sum_residual: grid (ceil(n / SUM_THREADS), rows); args y, weights, r, out, n, top: the slots'
+     weighted sum added to the residual.
+
+Scratch (codegen/kernel.py): "matmul_experts.groups" i32 [rows, 4 top + 2] (group_ints: the group count,
+each group's expert and first position, the slots in group order, each slot's position),
+"matmul_experts.x" in x's activation format [rows, top * k], "matmul_experts.y" f32 [rows, top * n].
+CPU twin: runtime/numpy_kernels.py experts.
+"""
+
+from __future__ import annotations
+
+from llmplan.core.formats import ACTIVATION_FORMAT
+from llmplan.core.plan_records import Launch, Weight, grid_dim
+
+from .. import operands
+from ..format_header import act_code, weight_code
+from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
+from ..operands import declare, experts_params
+from .matvec import FORMATS, MAX_COLUMNS, launch_bounds, piece
+from .router import MAX_EXPERTS
+
+WAVES = 4  # waves per block of the projections, as the mat-vec
+COLUMNS = MAX_COLUMNS  # a group's activation rows one pass over an expert's row serves
+GROUP_THREADS = 256  # of the grouping and the gather
+SUM_THREADS = 256
+SUM = "lp_moe_sum_residual"
+GROUP = "lp_moe_group"
+EXPECTS = {True: ("dot4", "load128"), False: ("load128",)}  # quantized or F16 weights
+
+
+def group_ints(top: int) -> int:
+    """Ints per row of the groups scratch (experts.cu lp_moe_group's layout: 4 S + 2 for S slots)."""
+    return 4 * top + 2
+
+
+def kernel(fmt: str, target) -> Kernel:
+    name = f"lp_matmul_experts_{fmt.lower()}"
+    threads = WAVES * target.wave
+    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}({declare(experts_params(False))}) "
+             f"{{ lp_matmul_experts<{weight_code(fmt)}>(x, w, ids, y, rows, k, n, experts, top, sliced); }}")
+    return Kernel(name, "matmul_experts", "experts.cu", entry, threads, EXPECTS[fmt != "F16"])
+
+
+def grouped_kernel(fmt: str, target) -> Kernel:
+    name = f"lp_matmul_experts_grouped_{fmt.lower()}"
+    threads = WAVES * target.wave
+    entry = (f"LP_KERNEL void {launch_bounds(threads, target)} {name}(const void* xg, const void* w, const int* groups, "
+             f"float* y, int rows, int k, int n, int experts, int top) {{ lp_matmul_experts_grouped<{weight_code(fmt)}, "
+             f"{COLUMNS}>(xg, w, groups, y, rows, k, n, experts, top); }}")
+    return Kernel(name, "matmul_experts", "experts.cu", entry, threads, EXPECTS[fmt != "F16"])
+
+
+def group_kernel() -> Kernel:
+    entry = (f"LP_KERNEL void __launch_bounds__({GROUP_THREADS}) {GROUP}(const int* ids, int* groups, int rows, "
+             f"int experts, int top) {{ lp_moe_group<{GROUP_THREADS}, {MAX_EXPERTS}>(ids, groups, rows, experts, top); }}")
+    return Kernel(GROUP, "matmul_experts", "experts.cu", entry, GROUP_THREADS)
+
+
+def gather_kernel(act: str) -> Kernel:
+    name = f"lp_moe_gather_{act}"
+    entry = (f"LP_KERNEL void __launch_bounds__({GROUP_THREADS}) {name}(const void* x, const int* groups, void* xg, "
+             f"int rows, int k, int top, int sliced) {{ lp_moe_gather<{act_code(act)}, {GROUP_THREADS}>(x, groups, xg, "
+             "rows, k, top, sliced); }")
+    return Kernel(name, "matmul_experts", "experts.cu", entry, GROUP_THREADS)
+
+
+def sum_kernel() -> Kernel:
+    entry = (f"LP_KERNEL void __launch_bounds__({SUM_THREADS}) {SUM}(const float* y, const float* weights, "
+             f"const float* r, float* out, int n, int top) {{ lp_moe_weighted_sum(y, weights, r, out, n, top); }}")
+    return Kernel(SUM, "matmul_experts_residual", "experts.cu", entry, SUM_THREADS)
+
+
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = operands.experts(launch, ctx, FORMATS, piece)
+    v = c.values
+    grid = (c.top * grid_dim(c.n, WAVES), grid_dim(c.rows))
+    residual = c.op == "matmul_experts_residual"
+    y = scratch("matmul_experts.y", "f32", [c.rows, c.top * c.n]) if residual else v["y"]
+    w = Weight(c.w.name, "planar")
+    if ctx.bound(c.rows) == 1:
+        out = [KernelLaunch(kernel(c.fmt, ctx.target), grid,
+                            [v["x"], w, v["ids"], y, *(v[p] for p in ("rows", "k", "n", "experts", "top", "sliced"))])]
+    else:
+        act = ACTIVATION_FORMAT[c.fmt.lower()]
+        groups = scratch("matmul_experts.groups", "i32", [c.rows, group_ints(c.top)])
+        xg = scratch("matmul_experts.x", act, [c.rows, c.top * c.k])
+        out = [KernelLaunch(group_kernel(), (1,), [v["ids"], groups, v["rows"], v["experts"], v["top"]]),
+               KernelLaunch(gather_kernel(act), (c.top, grid_dim(c.rows)),
+                            [v["x"], groups, xg, v["rows"], v["k"], v["top"], v["sliced"]]),
+               KernelLaunch(grouped_kernel(c.fmt, ctx.target), grid,
+                            [xg, w, groups, y, *(v[p] for p in ("rows", "k", "n", "experts", "top"))])]
+    if residual:
+        out.append(KernelLaunch(sum_kernel(), (grid_dim(c.n, SUM_THREADS), grid_dim(c.rows)),
+                                [y, v["weights"], v["r"], v["y"], scalar(c.n), scalar(c.top)]))
+    return out
