@@ -67,8 +67,6 @@ def _agrees_with_llama_cpp(name: str, engine: Engine, steps: int | None = None) 
     print(f"{name}: prompt logits NMSE against llama.cpp " + ", ".join(f"{e:.2e}" for e in errors)
           + f" (bound {bound:.2e})")
     assert max(errors) < 2 * bound and np.mean(errors) < bound
-    # decode was batched (how many rows at once depends on when each prompt's chunked prefill ends)
-    assert max(r["decode_rows"] for r in engine.records) > 1
     return errors
 
 
