@@ -16,7 +16,7 @@ import pytest
 from llmplan.commands import eval_base, eval_stats, llama_cpp
 from llmplan.core.devices import local_cpu
 from llmplan.core.errors import InputError
-from llmplan.core.numerics import pages_for
+from llmplan.core.numerics import EVERY_TOKEN, mask_words, pages_for
 from llmplan.core.planfile import read_header
 from llmplan.ir.interpret import Interpreter
 from llmplan.ir.trace import trace_model
@@ -147,7 +147,8 @@ def test_perplexity_is_the_interpreters(plan, saved):
         out = interp.run({"tokens": np.asarray(w, np.int32), "pos": np.arange(CTX, dtype=np.int32),
                           "seq": np.zeros(CTX, np.int32),  # one page table row per `last` row, as the plan binds them
                           "pages": np.repeat(np.arange(pages_for(64), dtype=np.int32)[None], len(rows), 0),
-                          "last": rows.astype(np.int32), "cache": cache})
+                          "last": rows.astype(np.int32), "cache": cache,
+                          "mask": np.full((len(rows), mask_words(m.config.vocab_size)), EVERY_TOKEN, np.int32)})
         want.append(_log_softmax(out["logits"]))
     want = np.concatenate(want)
     base = np.load(saved[0])
