@@ -84,7 +84,7 @@ def test_readme_setup_then_native_cpu_and_offline_gpu_compiles(tmp_path):
              f"print({{p: [str(f.locate()) for f in m.files(p) if f.parent.name == 'bin'] for p in {NVIDIA!r}}})")
     requires, files = sh(f"{python} -c {shlex.quote(check)}").stdout.splitlines()
     for pkg in NVIDIA:
-        assert re.search(rf"'{pkg}[<>=,\d]+; extra == \"gpu\"'", requires), requires
+        assert re.search(rf"'{pkg}[<>=,.\d]+; extra == \"gpu\"'", requires), requires
     registry = {os.path.realpath(f) for fs in ast.literal_eval(files).values() for f in fs}
     assert sh("command -v plan").stdout.strip() == str(venv / "bin" / "plan")
 
