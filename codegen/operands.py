@@ -375,6 +375,14 @@ def rope_kv_params(norm: bool, bias: bool = False) -> tuple[Param, ...]:
             ("int", "npages"), ("int", "blocks"), *((("float", "eps"),) if norm else ()))
 
 
+def rope_kv_call(norm: bool, bias: bool) -> tuple[str, str, str]:
+    """What a rope_kv entry hands its template on either backend: the <NORM, BIAS> flags, the norm and
+    bias pointers (nullptr where the variant has none) and the eps argument."""
+    flags = f"{'true' if norm else 'false'}, {'true' if bias else 'false'}"
+    pointers = ", ".join(["q_norm, k_norm" if norm else "nullptr, nullptr",
+                          "q_bias, k_bias, v_bias" if bias else "nullptr, nullptr, nullptr"])
+    return flags, pointers, "eps" if norm else "0.0f"
+
 def rope_kv(launch: Launch, ctx: Context) -> RopeKv:
     op, a = _op(launch, "rope_kv"), launch.attrs
     q, k, v, pos, seq, pages, cache = launch.args[:7]

@@ -11,16 +11,14 @@ from llmplan.core.plan_records import Launch
 
 from .. import operands
 from ..kernel import Context, Kernel, KernelLaunch
-from ..operands import ROPE_MODES, declare, i32, refs, rope_kv_params
+from ..operands import ROPE_MODES, declare, i32, refs, rope_kv_call, rope_kv_params
 
 
 def kernel(mode: str, norm: bool, bias: bool = False) -> Kernel:
     name = f"lp_cpu_{'norm_' if norm else ''}rope_kv_{mode}{'_bias' if bias else ''}"
-    norms = "q_norm, k_norm" if norm else "nullptr, nullptr"
-    biases = "q_bias, k_bias, v_bias" if bias else "nullptr, nullptr, nullptr"
-    flags = f"{'true' if norm else 'false'}, {'true' if bias else 'false'}"
-    call = (f"lp_cpu::rope_kv<{ROPE_MODES[mode]}, {flags}>(q, k, v, pos, seq, pages, cache, table, {norms}, "
-            f"{biases}, q_out, rows, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
+    flags, pointers, eps = rope_kv_call(norm, bias)
+    call = (f"lp_cpu::rope_kv<{ROPE_MODES[mode]}, {flags}>(q, k, v, pos, seq, pages, cache, table, {pointers}, "
+            f"q_out, rows, heads, kv_heads, d, dims, layer, npages, blocks, {eps})")
     entry = f"LP_KERNEL void {name}({declare((*rope_kv_params(norm, bias), ('int', 'rows')))}) {{ {call}; }}"
     return Kernel(name, "rope_kv", "rope_kv.h", entry, 0)
 

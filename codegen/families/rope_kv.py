@@ -38,7 +38,7 @@ from llmplan.core.plan_records import Launch, grid_dim
 
 from .. import operands
 from ..kernel import Context, Kernel, KernelLaunch
-from ..operands import ROPE_MODES, declare, refs, rope_kv_params
+from ..operands import ROPE_MODES, declare, refs, rope_kv_call, rope_kv_params
 
 THREADS = 64
 
@@ -59,11 +59,9 @@ def rope_f32(x: np.ndarray, pos: np.ndarray, heads: int, dims: int, mode: str, t
 
 def kernel(mode: str, norm: bool, bias: bool = False) -> Kernel:
     name = f"lp_{'norm_' if norm else ''}rope_kv_{mode}{'_bias' if bias else ''}"
-    norms = "q_norm, k_norm" if norm else "nullptr, nullptr"
-    biases = "q_bias, k_bias, v_bias" if bias else "nullptr, nullptr, nullptr"
-    flags = f"{'true' if norm else 'false'}, {'true' if bias else 'false'}"
-    call = (f"lp_rope_kv<{ROPE_MODES[mode]}, {flags}>(q, k, v, pos, seq, pages, cache, table, {norms}, {biases}, "
-            f"q_out, heads, kv_heads, d, dims, layer, npages, blocks, {'eps' if norm else '0.0f'})")
+    flags, pointers, eps = rope_kv_call(norm, bias)
+    call = (f"lp_rope_kv<{ROPE_MODES[mode]}, {flags}>(q, k, v, pos, seq, pages, cache, table, {pointers}, "
+            f"q_out, heads, kv_heads, d, dims, layer, npages, blocks, {eps})")
     params = declare(rope_kv_params(norm, bias))
     entry = f"LP_KERNEL void __launch_bounds__({THREADS}) {name}({params}) {{ {call}; }}"
     return Kernel(name, "rope_kv", "rope_kv.cu", entry, THREADS)
