@@ -56,8 +56,8 @@ FAMILIES = sorted({t.family for t in TRAITS.values() if t.family})
 
 @dataclass(frozen=True)
 class Modules:
-    """Where a family's code is: its GPU template modules in codegen/families/ (matmul has two, the
-    mat-vec for a few activation rows, then the GEMM tiles for more: plans/select.py picks) and its CPU
+    """Where a family's code is: its GPU template modules in codegen/families/ (matmul and experts have
+    two, the mat-vec for a few activation rows, then the GEMM tiles for more: plans/select.py picks) and its CPU
     target module in codegen/cpu_families/ (one `attention` module holds both attention families)."""
 
     gpu: tuple[str, ...]
@@ -75,7 +75,7 @@ MODULES: dict[str, Modules] = {
     "elementwise": Modules(("elementwise",), "elementwise"),
     "tail": Modules(("tail",), "tail"),
     "router": Modules(("router",), "router"),
-    "experts": Modules(("experts",), "experts"),
+    "experts": Modules(("experts", "experts_gemm"), "experts"),
 }
 
 

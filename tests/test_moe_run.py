@@ -4,7 +4,7 @@ architectures: the compiled kernels' plan over several prefill chunks and the Nu
 prompt's logits row and greedy tokens; batched decode at 4 sequences gives every sequence the tokens it
 gets alone (a row's experts' results do not depend on the rows routed with it); and the plan reads only the
 routed experts' rows (plan info's active bytes per token); and the GPU catalog's plans for sm_90, gfx1100
-and gfx942 on the emulated GPU, in poison mode."""
+and gfx942 on the emulated GPU, in poison mode, their prefill on the grouped expert GEMM."""
 
 from __future__ import annotations
 
@@ -102,10 +102,15 @@ GPU_RUNS = [(name, target) for name in MOE_NAMES for target in ("sm_90", "gfx110
 @pytest.mark.parametrize("name, target", GPU_RUNS)
 def test_the_gpu_plan_on_the_emulated_gpu_matches_llama_cpp(tmp_path_factory, name, target):
     """Every vendor path (mma.sync, WMMA, wave 64) in poison mode; the routing stays on the device: the
-    decode phase's launches read the router's ids from its buffers."""
+    decode phase's launches read the router's ids from its buffers; batched decode groups the rows for
+    the grouped mat-vec, a prefill chunk for the grouped GEMM."""
     plan = str(tmp_path_factory.getbasetemp() / f"{name}.{target}.plan")
     compile_model(open_model(DATA / f"{name}.gguf"), OFFLINE_TARGETS[target], plan, ctx=128, chunk=16,
                   max_seqs=4)
-    kernels = {k.name for ln in read_body(plan, read_header(plan)[1]).phases["decode"].launches for k in ln.kernels}
-    assert "lp_moe_router" in kernels and "lp_moe_sum_residual" in kernels
+    phases = read_body(plan, read_header(plan)[1]).phases
+    kernels = {p: {k.name for ln in phases[p].launches for k in ln.kernels} for p in phases}
+    assert "lp_moe_router" in kernels["decode"] and "lp_moe_sum_residual" in kernels["decode"]
+    assert any(k.startswith("lp_matmul_experts_grouped_") for k in kernels["decode-batch"])
+    prefill = [k for k in kernels["prefill"] if "experts" in k]
+    assert prefill and all(k.startswith("lp_gemm_experts_") for k in prefill), prefill
     _agrees_with_llama_cpp(name, Engine.load(plan, device="emu", poison=True), STEPS)

@@ -7,8 +7,9 @@ and no others.
   1. lp_matmul_experts_<format>: grid (top * ceil(n / WAVES), rows), WAVES waves: one wave per output row
      of one slot's expert (as the mat-vec), the weight's planar planes over experts * n rows; args as
      codegen/operands.py's experts contract says, y the slots' outputs [rows * top, n].
-More rows (decode-batch, prefill): the slots are grouped by expert on the device, so one pass over an
-expert's rows serves up to COLUMNS of the rows routed to it.
+More rows (decode-batch; a prefill chunk takes experts_gemm.py's grouped GEMM, which reuses the grouping
+and the sum below, unless the tune store chose this mat-vec there): the slots are grouped by expert on the
+device, so one pass over an expert's rows serves up to COLUMNS of the rows routed to it.
   1. lp_moe_group: grid (1,), GROUP_THREADS threads; args ids, the groups scratch, rows, experts, top.
   2. lp_moe_gather_<activation>: grid (top, rows), GROUP_THREADS threads; args x, groups, the gathered
      activations' scratch [rows, top * k] (each slot's row, in group order), rows, k, top, sliced.
@@ -27,7 +28,7 @@ CPU twin: runtime/numpy_kernels.py experts.
 from __future__ import annotations
 
 from llmplan.core.formats import ACTIVATION_FORMAT
-from llmplan.core.plan_records import Launch, Weight, grid_dim
+from llmplan.core.plan_records import Launch, Ref, Scratch, Weight, grid_dim
 
 from .. import operands
 from ..format_header import act_code, weight_code
@@ -87,26 +88,54 @@ def sum_kernel() -> Kernel:
     return Kernel(SUM, "matmul_experts_residual", "experts.cu", entry, SUM_THREADS)
 
 
-def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
-    c = operands.experts(launch, ctx, FORMATS, piece)
-    v = c.values
-    grid = (c.top * grid_dim(c.n, WAVES), grid_dim(c.rows))
+def contract(launch: Launch, ctx: Context) -> operands.Experts:
+    return operands.experts(launch, ctx, FORMATS, piece)
+
+
+def projected(c: operands.Experts) -> Ref:
+    """Where the projections write: y, or for matmul_experts_residual the slots' scratch its sum reads."""
     residual = c.op == "matmul_experts_residual"
-    y = scratch("matmul_experts.y", "f32", [c.rows, c.top * c.n]) if residual else v["y"]
-    w = Weight(c.w.name, "planar")
-    if ctx.bound(c.rows) == 1:
-        out = [KernelLaunch(kernel(c.fmt, ctx.target), grid,
-                            [v["x"], w, v["ids"], y, *(v[p] for p in ("rows", "k", "n", "experts", "top", "sliced"))])]
-    else:
-        act = ACTIVATION_FORMAT[c.fmt.lower()]
-        groups = scratch("matmul_experts.groups", "i32", [c.rows, group_ints(c.top)])
-        xg = scratch("matmul_experts.x", act, [c.rows, c.top * c.k])
-        out = [KernelLaunch(group_kernel(), (1,), [v["ids"], groups, v["rows"], v["experts"], v["top"]]),
-               KernelLaunch(gather_kernel(act), (c.top, grid_dim(c.rows)),
-                            [v["x"], groups, xg, v["rows"], v["k"], v["top"], v["sliced"]]),
-               KernelLaunch(grouped_kernel(c.fmt, ctx.target), grid,
-                            [xg, w, groups, y, *(v[p] for p in ("rows", "k", "n", "experts", "top"))])]
-    if residual:
-        out.append(KernelLaunch(sum_kernel(), (grid_dim(c.n, SUM_THREADS), grid_dim(c.rows)),
-                                [y, v["weights"], v["r"], v["y"], scalar(c.n), scalar(c.top)]))
-    return out
+    return scratch("matmul_experts.y", "f32", [c.rows, c.top * c.n]) if residual else c.values["y"]
+
+
+def grouping(c: operands.Experts) -> tuple[list[KernelLaunch], Scratch, Scratch]:
+    """The launches that group the slots by expert and gather their activation rows in group order, and
+    the groups and gathered rows' scratch they write."""
+    v = c.values
+    act = ACTIVATION_FORMAT[c.fmt.lower()]
+    groups = scratch("matmul_experts.groups", "i32", [c.rows, group_ints(c.top)])
+    xg = scratch("matmul_experts.x", act, [c.rows, c.top * c.k])
+    return ([KernelLaunch(group_kernel(), (1,), [v["ids"], groups, v["rows"], v["experts"], v["top"]]),
+             KernelLaunch(gather_kernel(act), (c.top, grid_dim(c.rows)),
+                          [v["x"], groups, xg, v["rows"], v["k"], v["top"], v["sliced"]])], groups, xg)
+
+
+def summed(c: operands.Experts, y: Ref) -> list[KernelLaunch]:
+    """matmul_experts_residual's weighted sum of the slots' projections y into its output; none for
+    matmul_experts."""
+    if c.op != "matmul_experts_residual":
+        return []
+    v = c.values
+    return [KernelLaunch(sum_kernel(), (grid_dim(c.n, SUM_THREADS), grid_dim(c.rows)),
+                         [y, v["weights"], v["r"], v["y"], scalar(c.n), scalar(c.top)])]
+
+
+def grouped_launches(c: operands.Experts, ctx: Context) -> list[KernelLaunch]:
+    """More rows than one: the slots grouped, their rows gathered, the grouped mat-vec, the sum."""
+    v, y = c.values, projected(c)
+    group, groups, xg = grouping(c)
+    project = KernelLaunch(grouped_kernel(c.fmt, ctx.target), (c.top * grid_dim(c.n, WAVES), grid_dim(c.rows)),
+                           [xg, Weight(c.w.name, "planar"), groups, y, *(v[p] for p in ("rows", "k", "n", "experts", "top"))])
+    return [*group, project, *summed(c, y)]
+
+
+def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
+    c = contract(launch, ctx)
+    if ctx.bound(c.rows) > 1:
+        return grouped_launches(c, ctx)
+    v, y = c.values, projected(c)
+    grid = (c.top * grid_dim(c.n, WAVES), grid_dim(c.rows))
+    return [KernelLaunch(kernel(c.fmt, ctx.target), grid,
+                         [v["x"], Weight(c.w.name, "planar"), v["ids"], y,
+                          *(v[p] for p in ("rows", "k", "n", "experts", "top", "sliced"))]),
+            *summed(c, y)]

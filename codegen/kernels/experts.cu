@@ -12,7 +12,12 @@
 // lp_moe_weighted_sum (kernel lp_moe_sum_residual): grid (ceil(n / THREADS), rows): out = r + (y_0 * w_0 +
 // y_1 * w_1 + ...), slot after slot, every product and sum rounded alone (lp_mul_rn, lp_add_rn: the twin's
 // order); r may be out.
+//
+// More rows: lp_moe_group and lp_moe_gather group the slots by expert and gather their activation rows;
+// then the grouped mat-vec (lp_matmul_experts_grouped, a few rows) or, for a prefill chunk, one GEMM per
+// expert over its rows (lp_moe_tiles, lp_gemm_experts: gemm.cu's tiles, so a row's sums are the dense GEMM's).
 #include "quant.cuh"
+#include "gemm.cu"
 
 template <int F>
 __device__ void lp_matmul_experts(const void* x, const void* w, const int* ids, float* y, int rows, int k, int n,
@@ -140,4 +145,55 @@ __device__ void lp_matmul_experts_grouped(const void* xg, const void* w, const i
     for (int c = 0; c < C; ++c)
       if (c < ncols && lp_lane() == c) y[(size_t)order[c0 + c] * n + row] = acc[c];
   }
+}
+
+// --- prefill: one GEMM tile per TR rows of a group -------------------------------------------------------
+//
+// The tile table (int32, codegen/families/experts_gemm.py most_tiles(): 1 + 3 MOST ints), written by
+// lp_moe_tiles from the groups: [0] the tile count T, then tile b's expert, first position and rows (up to
+// TR) at 1 + 3b; what no tile uses LP_UNUSED. A group of c rows makes ceil(c / TR) tiles, so
+// T <= ceil(S / TR) + min(experts, S) = MOST, the fixed grid's tile rows.
+
+// grid (1,), THREADS threads: thread 0 walks the groups in order (a few hundred at most), then every thread
+// fills the rest
+template <int TR, int THREADS>
+__device__ void lp_moe_tiles(const int* groups, int* tiles, int rows, int top, int most) {
+  __shared__ int count;
+  const int S = rows * top;
+  if (lp_tid() == 0) {
+    int t = 0;
+    for (int g = 0; g < groups[0]; ++g) {
+      const int e = groups[1 + g], last = groups[2 + S + g];
+      for (int p = groups[1 + S + g]; p < last; p += TR, ++t) {
+        tiles[1 + 3 * t] = e;
+        tiles[2 + 3 * t] = p;
+        tiles[3 + 3 * t] = lp_min(TR, last - p);
+      }
+    }
+    tiles[0] = count = t;
+  }
+  lp_sync();
+  for (int i = 1 + 3 * count + lp_tid(); i < 1 + 3 * most; i += THREADS) tiles[i] = LP_UNUSED;
+}
+
+// grid (ceil(n / TW), MOST): block (x, b) computes output columns x TW .. x TW + TW - 1 of tile b (blocks
+// past the tile count return): the tile's gathered rows (adjacent in xg, group order) against its expert's
+// weight rows e n + ... of the planar [experts * n, k] weight, with gemm.cu's tile (lp_gemm_acc: the dense
+// GEMM's order of sums for every row, wherever it sits in the tile and whichever rows share it). Each
+// result goes to its slot's own row of y [S, n], as the grouped mat-vec writes it.
+template <int TR, int TW, int KIND, int F>
+__device__ void lp_gemm_experts(const void* xg, const void* w, const int* groups, const int* tiles, float* y, int rows,
+                                int k, int n, int experts, int top) {
+  __shared__ char smem[LpGemmSmem<TR, TW, F>::BYTES] __attribute__((aligned(16)));
+  const int b = lp_bid_y();
+  if (b >= tiles[0]) return;
+  const int e = tiles[1 + 3 * b], p0 = tiles[2 + 3 * b], count = tiles[3 + 3 * b];
+  const int S = rows * top, w0 = lp_bid() * TW;
+  const int* order = groups + 2 + 2 * S;
+  float acc[LpGemmCfg<TR, TW, KIND>::ACC];
+  lp_gemm_acc<TR, TW, KIND, F>(lp_weight_planes<F>(w, experts * n, k), e * n + w0, e * n + n,
+                               lp_gemm_xsrc<F>(xg, S, k), p0, p0 + count, k, 0, lp_gemm_ktiles<F>(k), smem, acc);
+  lp_gemm_store<TR, TW, KIND>(acc, [&](int r, int c, float v) {
+    if (r < count && w0 + c < n) y[(size_t)order[p0 + r] * n + w0 + c] = v;
+  });
 }

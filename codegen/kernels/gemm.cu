@@ -618,22 +618,21 @@ __device__ __forceinline__ void lp_gemm_mma_tile(const LpTile& t, float (&acc)[C
 #endif
 }
 
-template <class C, int SPLIT, int RES>
-__device__ __forceinline__ void lp_gemm_mma_store(const LpGemmArgs& a, int seg, int coff, int r0, int w0,
-                                                  const float (&acc)[C::ACC]) {
+// every accumulator to put(row, column, value), the tile's own row and column
+template <class C, class Put>
+__device__ __forceinline__ void lp_gemm_mma_store(const float (&acc)[C::ACC], Put put) {
 #if defined(LP_FRAGMENTS)
   const int wave = lp_wave();
-  const int rb = r0 + (wave % C::WR) * C::WTR, wb = w0 + (wave / C::WR) * C::WTW;
+  const int rb = (wave % C::WR) * C::WTR, wb = (wave / C::WR) * C::WTW;
   #pragma unroll
   for (int mi = 0; mi < C::MF; ++mi)
     #pragma unroll
     for (int ni = 0; ni < C::NF; ++ni)
       #pragma unroll
       for (int e = 0; e < C::EL; ++e)
-        lp_gemm_put<SPLIT, RES>(a, seg, coff, rb + mi * 16 + lp_frag_row(e), wb + ni * C::FN + lp_frag_col(e),
-                                acc[(mi * C::NF + ni) * C::EL + e]);
+        put(rb + mi * 16 + lp_frag_row(e), wb + ni * C::FN + lp_frag_col(e), acc[(mi * C::NF + ni) * C::EL + e]);
 #else
-  (void)a; (void)seg; (void)coff; (void)r0; (void)w0; (void)acc;
+  (void)acc; (void)put;
 #endif
 }
 
@@ -707,30 +706,43 @@ __device__ __forceinline__ void lp_gemm_dot_tile(const LpTile& t, float (&acc)[C
   }
 }
 
-template <class C, int SPLIT, int RES>
-__device__ __forceinline__ void lp_gemm_dot_store(const LpGemmArgs& a, int seg, int coff, int r0, int w0,
-                                                  const float (&acc)[C::ACC]) {
+template <class C, class Put>
+__device__ __forceinline__ void lp_gemm_dot_store(const float (&acc)[C::ACC], Put put) {
   const int tw = lp_tid() % 16, tr = lp_tid() / 16;
   #pragma unroll
   for (int i = 0; i < C::DI; ++i)
     #pragma unroll
-    for (int j = 0; j < C::DJ; ++j)
-      lp_gemm_put<SPLIT, RES>(a, seg, coff, r0 + tr + C::RG * i, w0 + tw + 16 * j, acc[i * C::DJ + j]);
+    for (int j = 0; j < C::DJ; ++j) put(tr + C::RG * i, tw + 16 * j, acc[i * C::DJ + j]);
 }
 
-// ---- one segment's tile ------------------------------------------------------------------------
-template <int TR, int TW, int KIND, int F, int SPLIT, int RES>
-__device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int tile, int coff, char* smem) {
+// ---- one output tile ----------------------------------------------------------------------------
+// The activation rows of an arena buffer [rows, k] in format F's activation format, for the row loaders
+template <int F> __device__ __forceinline__ LpXSrc lp_gemm_xsrc(const void* x, int rows, int k) {
+  LpXSrc xsrc;
+  if (LpW<F>::ACT == LP_ACT_F16) {
+    xsrc.qs = (const int8_t*)x;
+    xsrc.d = nullptr;
+    xsrc.bsums = nullptr;
+  } else {
+    const Q8Rows q = lp_q8_rows((void*)x, rows, k, LpW<F>::ACT);
+    xsrc.qs = q.qs;
+    xsrc.d = q.d;
+    xsrc.bsums = q.bsums;
+  }
+  return xsrc;
+}
+
+// A TR x TW tile's accumulators over k-tiles [kt0, kt1): tile row i is activation row r0 + i of x (zeros
+// from rend on), tile column j weight row w0 + j of wp (zeros from wend on). Every accumulator takes the
+// same operations in the same order, whichever tile row or column it is, so a row's result depends on its
+// own operands only (the k range fixed).
+template <int TR, int TW, int KIND, int F>
+__device__ __forceinline__ void lp_gemm_acc(const LpWPlanes<F>& wp, int w0, int wend, const LpXSrc& xsrc, int r0,
+                                            int rend, int k, int kt0, int kt1, char* smem,
+                                            float (&acc)[LpGemmCfg<TR, TW, KIND>::ACC]) {
   typedef LpW<F> T;
   typedef LpGemmCfg<TR, TW, KIND> C;
   typedef LpGemmSmem<TR, TW, F> L;
-  const int n = a.n[seg], k = a.k;
-  const int w0 = tile * TW, r0 = lp_bid_y() * TR;
-  const int nkt = T::ACT == LP_ACT_F16 ? (k + 63) / 64 : (k + 127) / 128;
-  const int per = (nkt + a.splits - 1) / a.splits;
-  const int kt0 = SPLIT ? lp_min(nkt, (int)lp_bid_z() * per) : 0;
-  const int kt1 = SPLIT ? lp_min(nkt, kt0 + per) : nkt;
-
   LpTile t;
   t.w = (lp_u4*)(smem + L::W);
   t.x = (lp_u4*)(smem + L::X);
@@ -739,35 +751,22 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
   t.xd = (float*)(smem + L::XD);
   t.xs = (float*)(smem + L::XS);
 
-  const LpWPlanes<F> wp = lp_weight_planes<F>(a.w[seg], n, k);
   const int nb = T::ACT == LP_ACT_F16 ? k : k / T::BLOCK;
-  LpXSrc xsrc;
-  if (T::ACT == LP_ACT_F16) {
-    xsrc.qs = (const int8_t*)a.x;
-    xsrc.d = nullptr;
-    xsrc.bsums = nullptr;
-  } else {
-    const Q8Rows q = lp_q8_rows((void*)a.x, a.rows, k, T::ACT);
-    xsrc.qs = q.qs;
-    xsrc.d = q.d;
-    xsrc.bsums = q.bsums;
-  }
   constexpr int XU = TR * 4 / C::THREADS;  // activation units per thread
   const int tid = lp_tid();
   const int wrow = tid >> 1, wu = tid & 1;
 
   LpWRaw<F> wr;
   LpXRaw<T::ACT, T::SB, T::MIN> xr[XU];
-  float acc[C::ACC];
   #pragma unroll
   for (int i = 0; i < C::ACC; ++i) acc[i] = 0.0f;
 
   if (kt0 < kt1) {
-    wr.load(wp, w0 + wrow, kt0, wu, nb, w0 + wrow < n);
+    wr.load(wp, w0 + wrow, kt0, wu, nb, w0 + wrow < wend);
     #pragma unroll
     for (int i = 0; i < XU; ++i) {
       const int id = tid + i * C::THREADS;
-      xr[i].load(xsrc, r0 + (id >> 2), kt0, id & 3, a.rows, k);
+      xr[i].load(xsrc, r0 + (id >> 2), kt0, id & 3, rend, k);
     }
   }
   #pragma unroll 1
@@ -781,18 +780,42 @@ __device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int ti
     }
     lp_sync();
     if (kt + 1 < kt1) {  // the next tile's loads fly under this tile's math
-      wr.load(wp, w0 + wrow, kt + 1, wu, nb, w0 + wrow < n);
+      wr.load(wp, w0 + wrow, kt + 1, wu, nb, w0 + wrow < wend);
       #pragma unroll
       for (int i = 0; i < XU; ++i) {
         const int id = tid + i * C::THREADS;
-        xr[i].load(xsrc, r0 + (id >> 2), kt + 1, id & 3, a.rows, k);
+        xr[i].load(xsrc, r0 + (id >> 2), kt + 1, id & 3, rend, k);
       }
     }
     if constexpr (KIND == 0) lp_gemm_mma_tile<C, F>(t, acc);
     else lp_gemm_dot_tile<C, F>(t, acc);
   }
-  if constexpr (KIND == 0) lp_gemm_mma_store<C, SPLIT, RES>(a, seg, coff, r0, w0, acc);
-  else lp_gemm_dot_store<C, SPLIT, RES>(a, seg, coff, r0, w0, acc);
+}
+
+// the tile's k-tiles: every one of the k dimension (F16 tiles hold 64 values, the others 128)
+template <int F> __device__ __forceinline__ int lp_gemm_ktiles(int k) {
+  return LpW<F>::ACT == LP_ACT_F16 ? (k + 63) / 64 : (k + 127) / 128;
+}
+
+template <int TR, int TW, int KIND, class Put>
+__device__ __forceinline__ void lp_gemm_store(const float (&acc)[LpGemmCfg<TR, TW, KIND>::ACC], Put put) {
+  if constexpr (KIND == 0) lp_gemm_mma_store<LpGemmCfg<TR, TW, KIND>>(acc, put);
+  else lp_gemm_dot_store<LpGemmCfg<TR, TW, KIND>>(acc, put);
+}
+
+// ---- one segment's tile ------------------------------------------------------------------------
+template <int TR, int TW, int KIND, int F, int SPLIT, int RES>
+__device__ __forceinline__ void lp_gemm_run(const LpGemmArgs& a, int seg, int tile, int coff, char* smem) {
+  const int n = a.n[seg], k = a.k;
+  const int w0 = tile * TW, r0 = lp_bid_y() * TR;
+  const int nkt = lp_gemm_ktiles<F>(k);
+  const int per = (nkt + a.splits - 1) / a.splits;
+  const int kt0 = SPLIT ? lp_min(nkt, (int)lp_bid_z() * per) : 0;
+  const int kt1 = SPLIT ? lp_min(nkt, kt0 + per) : nkt;
+  float acc[LpGemmCfg<TR, TW, KIND>::ACC];
+  lp_gemm_acc<TR, TW, KIND, F>(lp_weight_planes<F>(a.w[seg], n, k), w0, n, lp_gemm_xsrc<F>(a.x, a.rows, k), r0,
+                               a.rows, k, kt0, kt1, smem, acc);
+  lp_gemm_store<TR, TW, KIND>(acc, [&](int r, int c, float v) { lp_gemm_put<SPLIT, RES>(a, seg, coff, r0 + r, w0 + c, v); });
 }
 
 template <int A, int B> struct LpMax {
