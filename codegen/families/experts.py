@@ -89,6 +89,7 @@ def sum_kernel() -> Kernel:
 
 
 def contract(launch: Launch, ctx: Context) -> operands.Experts:
+    """The launch's operands, checked against what the expert kernels read (mat-vec and GEMM alike)."""
     return operands.experts(launch, ctx, FORMATS, piece)
 
 
