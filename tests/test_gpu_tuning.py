@@ -20,6 +20,7 @@ from llmplan.tuning.gpu_members import ProbeRunner
 
 from codegen_checks import needs_emulator
 from conftest import TINY_BPE
+from test_arch_fixtures import DATA
 
 pytestmark = needs_emulator
 
@@ -49,3 +50,23 @@ def test_gpu_probes_fill_the_store_the_planner_reads(tmp_path):
         taken = [l for l in launches if l.get("decision") == d.key]
         assert taken and all(l["member"] == d.verdict.winner and l["provenance"] == d.provenance for l in taken), d.key
         assert d.provenance.startswith(("measured: entry", "tie: entry"))
+
+
+def test_the_expert_gemm_is_a_decision_like_the_others(tmp_path):
+    """A mixture of experts' prefill projections: the grouped GEMM's tiles and the grouped mat-vec are one
+    decision's members, probed and recorded like the dense ones, and the next compile takes the winner."""
+    model, device = open_model(DATA / "tiny-qwen3moe-bpe-Q4_K_M.gguf"), OFFLINE_TARGETS["sm_90"]
+    phases, _, _, table = lower_phases(model, device, limits_for(model, 128, 16, 2))
+    found, built = gpu_members.decisions(phases, table, device)
+    d = next(d for d in found if d.key.startswith("experts_gemm:matmul_experts_residual"))
+    assert list(d.candidates) == ["mma_64x128", "mma_64x64", "mma_128x128", "dot4_64x64", "matvec"]
+    d = dataclasses.replace(d, candidates={m: d.candidates[m] for m in ("mma_64x128", "matvec")})  # emulation is slow
+    v = ProbeRunner(EmuDriver(), device, model.file, table, built, [d]).verdict(d, round_seconds=0.001)
+    assert v.rejected == {} and set(v.medians) == set(d.candidates)
+    store = TuneStore(tmp_path / "tune")
+    gpu_members.keep(d, v, device, store)
+    plan = tmp_path / "p.plan"
+    compile_model(model, device, plan, ctx=128, chunk=16, max_seqs=2, tune=store)
+    launches = to_wire(read_body(plan, read_header(plan)[1]))["phases"]["prefill"]["launches"]
+    taken = [ln for ln in launches if ln.get("decision") == d.key]
+    assert taken and all(ln["member"] == d.verdict.winner for ln in taken)
