@@ -17,6 +17,9 @@ Members (`launch.member`, grammar `<kind>_<TR>x<TW>[_k<splits>]`):
   workspace and a second kernel, lp_gemm_fixup_seg<N>_res<R> (family "gemm_fixup"), sums the S partials
   and applies the epilogue (segment outputs, residual add).
 
+The same tiles (gemm.cu lp_gemm_acc) run a mixture of experts' prefill, one GEMM per expert over its
+gathered rows: codegen/families/experts_gemm.py.
+
 Launch geometry: block 2 * TW threads; grid (sum_i ceil(n_i / TW), ceil(rows / TR), S). The fix-up runs
 on grid (ceil(sum n_i / 256), rows) with 256 threads. Shared memory is static (no dynamic bytes, no
 opt-in): shared_bytes(member, formats), at most 45.5 KiB (Q2_K at 128x128), under every target's
