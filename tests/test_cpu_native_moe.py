@@ -21,7 +21,7 @@ from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
 from llmplan.runtime import numpy_kernels as twins
 
 from cpu_native import ISAS, context, cxx, each_compiler, library, rng, run, weight  # noqa: F401 (cxx, rng: fixtures)
-from kernel_inputs import nmse, packed_buffer
+from kernel_inputs import near_tie_routing, nmse, packed_buffer
 from launch_records import lowered, wire
 from test_cpu_native_matmul import TIGHT, activation, k_for
 
@@ -89,6 +89,18 @@ def test_router_breaks_ties_as_llama_cpp(isa, experts_n, rng):
         p = np.exp(x.astype(np.float64) @ gate.T.astype(np.float64))
         stable = np.argsort(-p, axis=1, kind="stable")[:, :top]
         assert not np.array_equal(ids, stable)
+
+
+@each_compiler
+@pytest.mark.parametrize("isa", ISAS)
+def test_router_softmax_is_the_twins_bit_for_bit(isa, rng):
+    """Exact logits, half of them an ulp or two from a neighbour's or equal to it: the kernel's softmax is
+    the twin's operation for operation (common.cuh lp_exp64, double sums in expert order), as the GPU's
+    is (tests/test_codegen_moe.py), so ids and weights are the twin's bit for bit."""
+    x, gate = near_tie_routing(rng, 12, 128)
+    ids, weights, (want_ids, want_w) = route(isa, x, gate, 8)
+    assert np.array_equal(ids, want_ids)
+    assert np.array_equal(weights, want_w)
 
 
 def project(isa, op, fmt, rows, rng, n=48, e=6, top=3, sliced=False, member=None, inputs=None, inplace=False):
