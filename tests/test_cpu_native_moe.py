@@ -147,9 +147,13 @@ def test_experts_launch_record():
                       "args": [{"buf": 0}, {"weight": "d"}, {"buf": 1}, {"buf": 3}, {"buf": 4}], "outs": [{"buf": 2}]})
     (ln,) = experts.launches(launch, ctx)
     assert ln.kernel.name == "lp_cpu_matmul_experts_residual_q6_k_r16" and ln.kernel.source == "experts.h"
+    grouping = [{"scratch": "matmul_experts.groups", "dtype": "i32", "shape": ["rows", 18]},
+                {"scratch": "matmul_experts.x", "dtype": "q8_k", "shape": ["rows", 4 * 512]},
+                {"scratch": "matmul_experts.y", "dtype": "f32", "shape": ["rows", 4 * 256]}]
     assert wire(ln.args) == [{"buf": 0}, {"weight": "d", "layout": "rows16"}, {"buf": 1}, {"buf": 3}, {"buf": 4},
                              {"buf": 2}, {"i32": "rows"}, {"i32": 512}, {"i32": 256}, {"i32": 16}, {"i32": 4},
-                             {"i32": 1}, {"i32": 32}, {"i32": 2}, {"i32": 0}]
+                             {"i32": 1}, *(g | {"offset": 0, "bytes": 0} for g in grouping),
+                             {"i32": 32}, {"i32": 2}, {"i32": 0}]
 
 
 @pytest.mark.parametrize("specs, message", [
