@@ -8,6 +8,8 @@ each against llama.cpp's own tensors (tests/test_reference_llamacpp.py).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .formats import ACTIVATION_FORMATS
@@ -105,22 +107,54 @@ def panel_rows(panel_bytes: int, row_bytes: int, n: int) -> int:
 
 # --- mixture of experts ----------------------------------------------------------------------------
 
+# exp64's constants (codegen/kernels/common.cuh lp_exp64): ln2 in two parts (n * LN2_HI exact), 1 / ln2,
+# and the Taylor coefficients 1 / i! to degree 13 (each a correctly rounded quotient of exact doubles)
+LN2_HI, LN2_LO, INV_LN2 = 6.93147180369123816490e-01, 1.90821492927058770002e-10, 1.44269504088896338700e+00
+EXP64_TERMS = [1.0 / math.factorial(i) for i in range(14)]
+
+
+def exp64(d: np.ndarray) -> np.ndarray:
+    """exp(d) in float64 for d <= 0, operation for operation as codegen/kernels/common.cuh lp_exp64, which
+    the CPU and GPU routers call: d = n ln2 + r (n = rint(d / ln2)), exp(r) by its degree-13 Taylor
+    polynomial in Horner's order, scaled by 2^n; 0 below -746, NaN as NaN. Libm's, the GPUs' and NumPy's
+    own exp differ in the last bit; this one is the same everywhere."""
+    d = np.asarray(d, np.float64)
+    ok = d >= -746.0
+    x = np.where(ok, d, 0.0)
+    n = np.rint(x * INV_LN2)
+    r = (x - n * LN2_HI) - n * LN2_LO
+    q = np.full_like(r, EXP64_TERMS[13])
+    for c in reversed(EXP64_TERMS[:13]):
+        q = c + r * q
+    return np.where(ok, np.ldexp(q, n.astype(np.int32)), np.where(d < -746.0, 0.0, d))
+
+
 def route(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
     """Mixture-of-experts routing of each row of logits [rows, experts]: the probabilities p =
-    softmax(logits) (exp of the difference to the row's max in float64, divided by the float64 sum,
-    rounded to float32), the first k experts of llama.cpp's CPU argsort of p, descending (std::sort:
-    sort_desc), and their weights p, divided by their sum (float64, rounded to float32) when norm, as
-    build_moe_ffn does (its clamp of the sum at 2^-14 never acts on softmax weights: the k largest of at
-    most 1024 experts' probabilities sum to 1/1024 at least). Returns (ids int32 [rows, k], weights
-    float32 [rows, k]); each row alone."""
+    softmax(logits) (exp64 of the difference to the row's max, divided by their float64 sum in expert
+    order, rounded to float32: the CPU and GPU kernels' operations, so all three agree bit for bit), the
+    first k experts of llama.cpp's CPU argsort of p, descending (std::sort: sort_desc), and their weights
+    p, divided by their sum (float64 in order, rounded to float32) when norm, as build_moe_ffn does (its clamp of
+    the sum at 2^-14 never acts on softmax weights: the k largest of at most 1024 experts' probabilities
+    sum to 1/1024 at least). llama.cpp's own soft_max takes expf in float (ggml_v_expf on its SIMD paths)
+    and scales by the float of 1 / sum; float64 here keeps p within an ulp of the exact softmax. Returns
+    (ids int32 [rows, k], weights float32 [rows, k]); each row alone."""
     x = logits.astype(np.float64)
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    p = (e / e.sum(axis=-1, keepdims=True)).astype(np.float32)
+    e = exp64(x - x.max(axis=-1, keepdims=True))
+    p = (e / _sum_in_order(e)).astype(np.float32)
     ids = np.stack([sort_desc(row)[:k] for row in p]).astype(np.int32).reshape(len(p), k)
     w = np.take_along_axis(p, ids, axis=-1)
     if norm:
-        w = w / w.astype(np.float64).sum(axis=-1, keepdims=True).astype(np.float32)
+        w = w / _sum_in_order(w.astype(np.float64)).astype(np.float32)
     return ids, w
+
+
+def _sum_in_order(a: np.ndarray) -> np.ndarray:
+    """Each row's float64 sum, left to right as the kernels add (NumPy's own sum is pairwise) [rows, 1]."""
+    total = np.zeros((len(a), 1))
+    for i in range(a.shape[-1]):
+        total[:, 0] += a[:, i]
+    return total
 
 
 SORT_THRESHOLD = 16  # libstdc++'s _S_threshold: std::sort leaves runs this short to its insertion sort

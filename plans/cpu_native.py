@@ -28,6 +28,7 @@ from llmplan.core.plan_records import CpuSection, KernelCall, KernelInfo, Phase,
 from llmplan.core.tune_store import TIE, TuneStore, Verdict, provenance, record
 
 from . import cpu_decisions
+from .lower import layout
 
 
 def _vector(ref):
@@ -36,7 +37,8 @@ def _vector(ref):
 
 
 def lower_native(phases: dict[str, Phase], table: dict[str, tuple[str, tuple[int, ...]]]) -> dict[str, Kernel]:
-    """Replace every launch's NumPy call with its compiled kernel calls; returns the kernels by name."""
+    """Replace every launch's NumPy call with its compiled kernel calls and place the scratch they ask for
+    in each phase's arena (plans/lower.py layout, as for the GPU); returns the kernels by name."""
     kernels: dict[str, Kernel] = {}
     relaid = {lay for lay, _, _ in matmul.RELAYOUT.values()}
     for p in phases.values():
@@ -53,6 +55,7 @@ def lower_native(phases: dict[str, Phase], table: dict[str, tuple[str, tuple[int
             made = [matmul.relayout(table[a.name][0]) for ln in calls for a in ln.args
                     if isinstance(a, Weight) and a.layout in relaid]
             kernels.update({k.name: k for k in made})
+        layout(p)  # again, with the kernels' scratch (the experts' grouping buffers)
     return kernels
 
 

@@ -16,8 +16,8 @@ import pytest
 from llmplan.codegen import cpu_build
 from llmplan.codegen.kernel import Context, Kernel, KernelLaunch
 from llmplan.core import layouts
-from llmplan.core.formats import FORMATS, dequantize
-from llmplan.core.plan_records import Buf, Cache, Ref, RopeTable, State, Weight
+from llmplan.core.formats import FORMATS, dequantize, value_bytes
+from llmplan.core.plan_records import Buf, Cache, Ref, RopeTable, Scratch, State, Weight
 
 from kernel_inputs import random_blocks
 from launch_records import phase_buffers
@@ -66,7 +66,8 @@ def run(lib: cpu_build.CpuLibrary, launches: list[KernelLaunch], arrays: dict[st
         weights: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> None:
     """Run launches binding each reference by a key: "buf:N", "weight:NAME" (the file's bytes, made into
     the reference's layout as the runtime makes it, with the weight's (format, shape) from `weights`),
-    "state:NAME", "cache", "table"."""
+    "state:NAME", "cache", "table", "scratch:NAME" (where absent, made here at the step's size with every
+    byte 0xFF, a NaN in every float format, and kept in `arrays` for the launches after)."""
     def bind(ref: Ref) -> np.ndarray:
         if isinstance(ref, Buf):
             return arrays[f"buf:{ref.index}"]
@@ -81,6 +82,9 @@ def run(lib: cpu_build.CpuLibrary, launches: list[KernelLaunch], arrays: dict[st
             return arrays["cache"]
         if isinstance(ref, RopeTable):
             return arrays["table"]
+        if isinstance(ref, Scratch):
+            shape = [d if isinstance(d, int) else dims[d] for d in ref.shape]
+            return arrays.setdefault(f"scratch:{ref.name}", np.full(value_bytes(ref.dtype, shape), 0xFF, np.uint8))
         raise KeyError(ref)
 
     for ln in launches:

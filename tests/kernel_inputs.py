@@ -148,3 +148,19 @@ def random_mask(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
     if rows > 2:
         bits[2, :vocab] = False
     return np.packbits(bits, axis=-1, bitorder="little").view(np.int32).reshape(rows, words)
+
+
+def near_tie_routing(rng: np.random.Generator, rows: int, experts: int) -> tuple[np.ndarray, np.ndarray]:
+    """A router's (x [rows, 16], gate [experts, 16]) whose logits every summation order computes exactly
+    (x in units of 2^-11 up to 1, the gate in units of 2^-12 below 1/8, neither zero: each partial sum a
+    multiple of 2^-23 below 2), so the kernels and the twin softmax the same logits; and full of near ties:
+    x[:, 0] is one unit, and every second expert copies its neighbour's gate row with column 0 moved by
+    -1, 0, 1 or 2 units: logits equal or 2^-23 .. 2^-22 apart, probabilities equal or an ulp or two apart."""
+    units = lambda n, shape: rng.choice([-1, 1], shape) * rng.integers(1, n + 1, shape)  # noqa: E731
+    x = units(2048, (rows, 16)).astype(np.float32) / 2048
+    x[:, 0] = rng.choice([-1, 1], rows) / 2048
+    gate = units(500, (experts, 16)).astype(np.float32) / 4096
+    gate[1::2] = gate[0::2]
+    gate[1::2, 0] += rng.integers(-1, 3, experts // 2) / 4096
+    gate[gate == 0] = 1 / 4096  # a moved unit may land on zero
+    return x, gate

@@ -6,8 +6,11 @@ codegen/kernels/router.cu and experts.cu).
 - Builds for every target: no spills, no stack frame (the router's sort keeps its stack in shared memory).
 - Numbers on the emulator (wave 32 and 64) against the CPU twins, ggml's way (random inputs, outputs
   poisoned with a guard row, fully written): the router's ids equal the twin's, ties included (integer
-  logits: its sort is libstdc++'s std::sort step for step, as core/numerics.py sort_desc is), its weights
-  within a few ulp (float exp and sum where the twin's are float64); the projections within the mat-vec's
+  logits: its sort is libstdc++'s std::sort step for step, as core/numerics.py sort_desc is); its softmax
+  is the twin's operation for operation (common.cuh lp_exp64, double sums in expert order), so where the
+  logits are exact its ids and weights equal the twin's bit for bit, near ties included, on every
+  target's wave width (the emulator runs sm_90's and gfx1100's code alike at wave 32, gfx942's at 64;
+  the builds above compile it with nvcc and clang); the projections within the mat-vec's
   bound (1e-9: only the order of float sums differs); and unrouted experts poisoned with NaN scales leave
   every output a number: a step reads the routed experts' rows only.
 """
@@ -29,7 +32,7 @@ from llmplan.runtime import numpy_kernels as twins
 
 from codegen_checks import built, needs_emulator, rng  # noqa: F401 (rng: a fixture)
 from kernel_emu import runner
-from kernel_inputs import nmse, packed_buffer, planar_bytes, random_activation, random_blocks
+from kernel_inputs import near_tie_routing, nmse, packed_buffer, planar_bytes, random_activation, random_blocks
 from launch_records import lowered, phase_buffers, wire
 
 TIGHT = 1e-9
@@ -186,6 +189,18 @@ def test_router_matches_the_cpu_twin(wave, n_experts, top, rng):
     ids, weights, (want_ids, want_w) = route(wave, x, gate, top)
     assert np.array_equal(ids, want_ids)
     assert nmse(weights, want_w) < num.EXACT_NMSE
+
+
+@needs_emulator
+@pytest.mark.parametrize("target", ["sm_90", "gfx1100", "gfx942"])
+@pytest.mark.parametrize("n_experts, top", [(128, 8), (60, 4)])
+def test_router_softmax_is_the_twins_bit_for_bit(target, n_experts, top, rng):
+    """Logits every order sums exactly, half of them an ulp or two from a neighbour's or equal to it: the
+    same experts in the same order, and the same weights, bit for bit."""
+    x, gate = near_tie_routing(rng, 12, n_experts)
+    ids, weights, (want_ids, want_w) = route(TARGETS[target].wave, x, gate, top)
+    assert np.array_equal(ids, want_ids)
+    assert np.array_equal(weights, want_w)
 
 
 @needs_emulator

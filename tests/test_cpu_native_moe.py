@@ -21,7 +21,7 @@ from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
 from llmplan.runtime import numpy_kernels as twins
 
 from cpu_native import ISAS, context, cxx, each_compiler, library, rng, run, weight  # noqa: F401 (cxx, rng: fixtures)
-from kernel_inputs import nmse, packed_buffer
+from kernel_inputs import near_tie_routing, nmse, packed_buffer
 from launch_records import lowered, wire
 from test_cpu_native_matmul import TIGHT, activation, k_for
 
@@ -91,6 +91,18 @@ def test_router_breaks_ties_as_llama_cpp(isa, experts_n, rng):
         assert not np.array_equal(ids, stable)
 
 
+@each_compiler
+@pytest.mark.parametrize("isa", ISAS)
+def test_router_softmax_is_the_twins_bit_for_bit(isa, rng):
+    """Exact logits, half of them an ulp or two from a neighbour's or equal to it: the kernel's softmax is
+    the twin's operation for operation (common.cuh lp_exp64, double sums in expert order), as the GPU's
+    is (tests/test_codegen_moe.py), so ids and weights are the twin's bit for bit."""
+    x, gate = near_tie_routing(rng, 12, 128)
+    ids, weights, (want_ids, want_w) = route(isa, x, gate, 8)
+    assert np.array_equal(ids, want_ids)
+    assert np.array_equal(weights, want_w)
+
+
 def project(isa, op, fmt, rows, rng, n=48, e=6, top=3, sliced=False, member=None, inputs=None, inplace=False):
     """Run the family's launch; returns (output, twin's output, the inputs used). Outputs are poisoned, with
     a guard row, and must be fully written."""
@@ -135,9 +147,13 @@ def test_experts_launch_record():
                       "args": [{"buf": 0}, {"weight": "d"}, {"buf": 1}, {"buf": 3}, {"buf": 4}], "outs": [{"buf": 2}]})
     (ln,) = experts.launches(launch, ctx)
     assert ln.kernel.name == "lp_cpu_matmul_experts_residual_q6_k_r16" and ln.kernel.source == "experts.h"
+    grouping = [{"scratch": "matmul_experts.groups", "dtype": "i32", "shape": ["rows", 18]},
+                {"scratch": "matmul_experts.x", "dtype": "q8_k", "shape": ["rows", 4 * 512]},
+                {"scratch": "matmul_experts.y", "dtype": "f32", "shape": ["rows", 4 * 256]}]
     assert wire(ln.args) == [{"buf": 0}, {"weight": "d", "layout": "rows16"}, {"buf": 1}, {"buf": 3}, {"buf": 4},
                              {"buf": 2}, {"i32": "rows"}, {"i32": 512}, {"i32": 256}, {"i32": 16}, {"i32": 4},
-                             {"i32": 1}, {"i32": 32}, {"i32": 2}, {"i32": 0}]
+                             {"i32": 1}, *(g | {"offset": 0, "bytes": 0} for g in grouping),
+                             {"i32": 32}, {"i32": 2}, {"i32": 0}]
 
 
 @pytest.mark.parametrize("specs, message", [

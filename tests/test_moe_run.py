@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 
 from llmplan.core.devices import OFFLINE_TARGETS, local_cpu
+from llmplan.core.formats import value_bytes
+from llmplan.core.plan_records import Buf, Scratch
 from llmplan.core.planfile import read_body, read_header
 from llmplan.models.model import open_model
 from llmplan.plans.compile import compile_model
@@ -34,6 +36,49 @@ def test_the_compiled_cpu_plan_matches_llama_cpp(tmp_path_factory, name):
     ops = {ln.op for ln in body.phases["decode"].launches}
     assert {"moe_router", "matmul_experts", "matmul_experts_residual"} <= ops and "moe_sum" not in ops
     _agrees_with_llama_cpp(name, Engine.load(plan), 4)
+
+
+@pytest.mark.parametrize("name", MOE_NAMES)
+def test_the_cpu_experts_grouping_buffers_are_planned_scratch(tmp_path_factory, name):
+    """Every compiled experts launch takes its grouping buffers from the phase's arena, sized for the
+    phase's bound of rows (the worst case), placed apart from every value live across it and inside the
+    arena the plan sizes (plan info's figures: arena_bytes, activation_bytes)."""
+    plan = _plan(name, str(tmp_path_factory.getbasetemp()), "native")
+    body = read_body(plan, read_header(plan)[1])
+    for phase in body.phases.values():
+        live: dict[int, list[int]] = {}
+        for i, launch in enumerate(phase.launches):
+            for r in launch.args + launch.outs:
+                if isinstance(r, Buf):
+                    live.setdefault(r.index, [i, i])[1] = i
+        for r in phase.outputs.values():
+            if isinstance(r, Buf):
+                live[r.index][1] = len(phase.launches)
+        planned = 0
+        for i, launch in enumerate(phase.launches):
+            if not launch.op.startswith("matmul_experts"):
+                continue
+            (call,) = launch.kernels
+            scratch = {r.name: r for r in call.args if isinstance(r, Scratch)}
+            want = {"matmul_experts.groups", "matmul_experts.x"} | (
+                {"matmul_experts.y"} if launch.op == "matmul_experts_residual" else set())
+            assert set(scratch) == want
+            x, w, ids = launch.args[:3]
+            rows, top = phase.buffers[ids.index].shape
+            rows = phase.dims[rows] if isinstance(rows, str) else rows  # the phase's bound: the worst case
+            _, n, k = body.weights[w.name].shape
+            sizes = {"matmul_experts.groups": value_bytes("i32", (rows, 4 * top + 2)),
+                     "matmul_experts.x": value_bytes(phase.buffers[x.index].dtype, (rows, top * k)),
+                     "matmul_experts.y": value_bytes("f32", (rows, top * n))}
+            for name, r in scratch.items():
+                assert r.bytes == sizes[name], (name, r.bytes, sizes[name])
+                assert r.offset + r.bytes <= phase.arena_bytes
+                for b, (first, last) in live.items():
+                    d = phase.buffers[b]
+                    if first <= i <= last:
+                        assert r.offset + r.bytes <= d.offset or d.offset + d.bytes <= r.offset, (name, b)
+                planned += r.bytes
+        assert planned <= phase.activation_bytes
 
 
 @pytest.mark.parametrize("name", MOE_NAMES)

@@ -43,52 +43,64 @@ template <int F> constexpr size_t expert_bytes(int n, int k) {
   else return (size_t)n * (k / LpFormat<F>::BLOCK) * LpFormat<F>::BYTES;
 }
 
-// The slots grouped by expert: group e is slot[first[e] .. first[e + 1]), in slot order. A slot whose id is
-// out of range joins no group (its outputs stay unwritten).
-struct ExpertGroups {
-  std::vector<int> first, slot;
-  ExpertGroups(const int* ids, int slots, int experts) : first(experts + 1, 0), slot(slots) {
-    for (int s = 0; s < slots; ++s)
-      if (ids[s] >= 0 && ids[s] < experts) ++first[ids[s] + 1];
-    for (int e = 0; e < experts; ++e) first[e + 1] += first[e];
-    std::vector<int> at(first.begin(), first.end() - 1);
-    for (int s = 0; s < slots; ++s)
-      if (ids[s] >= 0 && ids[s] < experts) slot[at[ids[s]]++] = s;
-  }
-  int size(int e) const { return first[e + 1] - first[e]; }
-};
+constexpr int LP_UNUSED = -2;  // a groups entry no group uses: not -1, poison mode's mark of an int left unwritten
 
-template <int F, bool RES>
-inline void matmul_experts(const void* x, const void* w, const int* ids, const float* weights, const float* r, float* y,
-                           int rows, int k, int n, int experts, int top, int sliced, int task_rows, int ahead, int cols) {
-  constexpr int ACT = act_of<F>();
-  const int slots = rows * top;
-  if (slots <= 0) return;
-  const ExpertGroups g(ids, slots, experts);
-  std::vector<int> used;
-  for (int e = 0; e < experts; ++e)
-    if (g.size(e) > 0) used.push_back(e);
-  const int xrows = sliced ? slots : rows;
-  std::vector<std::vector<uint64_t>> packed(used.size());
-  std::vector<Acts> acts(used.size());
-  for (size_t u = 0; u < used.size(); ++u) {
-    const int e = used[u], c = g.size(e);
-    packed[u].resize((packed_bytes<ACT>(c, k) + 7) / 8);
-    for (int i = 0; i < c; ++i) {
-      const int s = g.slot[g.first[e] + i];
-      copy_packed_row<ACT>(x, xrows, sliced ? s : s / top, packed[u].data(), c, i, k);
-    }
-    make_acts<ACT>(acts[u], packed[u].data(), c, k);
-    if constexpr (is_r16<F>) r16_sums(acts[u].bsums, c, k, acts[u].pairs, acts[u].off);
+// The slots grouped by expert into the groups scratch, experts.cu lp_moe_group's layout (int32, S = rows
+// * top slots): [0] the group count G; [1, 1 + S) each group's expert, ascending; [1 + S, 2 + 2S) each
+// group's first position (G + 1 of them); [2 + 2S, 2 + 3S) the slots in group order (within a group, slot
+// order); [2 + 3S, 2 + 4S) each slot's position (LP_UNUSED: an id out of range, no group); the rest of its
+// rows * (4 top + 2) ints LP_UNUSED. A counting sort on the calling thread: counts, their scan, then the
+// slots in order. MAX_E: the most experts a model has (the counts' stack array).
+template <int MAX_E> inline void group_slots(const int* ids, int* groups, int rows, int experts, int top) {
+  const int S = rows * top;
+  int first[MAX_E + 1] = {};
+  for (int i = 0; i < rows * (4 * top + 2); ++i) groups[i] = LP_UNUSED;
+  for (int s = 0; s < S; ++s)
+    if (ids[s] >= 0 && ids[s] < experts) ++first[ids[s] + 1];
+  int g = 0;
+  for (int e = 0; e < experts; ++e) {
+    if (first[e + 1] > 0) groups[1 + g] = e, groups[1 + S + g++] = first[e];
+    first[e + 1] += first[e];
   }
-  std::vector<float> own(RES ? (size_t)slots * n : 0);
-  float* ys = RES ? own.data() : y;
+  groups[0] = g;
+  groups[1 + S + g] = first[experts];
+  for (int s = 0; s < S; ++s)
+    if (ids[s] >= 0 && ids[s] < experts) {
+      const int at = first[ids[s]]++;
+      groups[2 + 2 * S + at] = s;
+      groups[2 + 3 * S + s] = at;
+    }
+}
+
+// groups: the groups scratch; xg: the gathered activations [S, k] in x's activation format, in group order
+// (planes as an arena buffer's); ys: the slots' results [S, n] (matmul_experts_residual; else y itself)
+template <int F, bool RES, int MAX_E>
+inline void matmul_experts(const void* x, const void* w, const int* ids, const float* weights, const float* r, float* y,
+                           int* groups, void* xg, float* ys, int rows, int k, int n, int experts, int top, int sliced,
+                           int task_rows, int ahead, int cols) {
+  constexpr int ACT = act_of<F>();
+  const int S = rows * top;
+  if (S <= 0) return;
+  group_slots<MAX_E>(ids, groups, rows, experts, top);
+  const int G = groups[0], *expert = groups + 1, *first = groups + 1 + S, *slot = groups + 2 + 2 * S;
+  const int* position = groups + 2 + 3 * S;
+  const int xrows = sliced ? S : rows;
+  over_rows(S, k, [&](int s0, int s1) {
+    for (int s = s0; s < s1; ++s)
+      if (position[s] >= 0) copy_packed_row<ACT>(x, xrows, sliced ? s : s / top, xg, S, position[s], k);
+  });
+  std::vector<Acts> acts(G);  // each group's rows of xg as the engines take them
+  for (int u = 0; u < G; ++u) {
+    make_acts<ACT>(acts[u], xg, first[u + 1] - first[u], k, S, first[u]);
+    if constexpr (is_r16<F>) r16_sums(acts[u].bsums, acts[u].rows, k, acts[u].pairs, acts[u].off);
+  }
+  float* out = RES ? ys : y;
   const int tr = task_rows_of<F>(task_rows), per = (n + tr - 1) / tr;
-  lp_parallel((int)used.size() * per, [&](int t) {
-    const int u = t / per, e = used[u], r0 = t % per * tr, r1 = lp_min(n, r0 + tr);
-    const int* slot = g.slot.data() + g.first[e];
-    auto out = [&](int row, int col, float v) { ys[(size_t)slot[col] * n + row] = v; };
-    weight_rows<F, R16_PATH>((const uint8_t*)w + e * expert_bytes<F>(n, k), n, r0, r1, acts[u], ahead, cols, out);
+  lp_parallel(G * per, [&](int t) {
+    const int u = t / per, r0 = t % per * tr, r1 = lp_min(n, r0 + tr);
+    const int* at = slot + first[u];
+    auto put = [&](int row, int col, float v) { out[(size_t)at[col] * n + row] = v; };
+    weight_rows<F, R16_PATH>((const uint8_t*)w + expert[u] * expert_bytes<F>(n, k), n, r0, r1, acts[u], ahead, cols, put);
   });
   if constexpr (RES) {
     over_rows(rows, top * n, [&](int row0, int row1) {

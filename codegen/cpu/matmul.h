@@ -48,7 +48,8 @@ namespace lp_cpu {
 // sums; or plain f16 / bf16 / f32 values.
 struct Acts {
   int rows = 0, k = 0;
-  const void* base = nullptr;
+  const void* base = nullptr;  // plain values: the first row; q8: the packed buffer, `planes` rows, of
+  int planes = 0, row0 = 0;    // which these are rows row0 .. row0 + rows - 1 (experts.h: a group's rows)
   const int8_t* qs = nullptr;
   const float* d = nullptr;       // q8_0 / q8_1: [rows, k / 32]; q8_k: [rows, k / 256]
   const float* s = nullptr;       // q8_1: d * (exact sum of the block's values) [rows, k / 32]
@@ -60,30 +61,37 @@ struct Acts {
   }
 };
 
-template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k) {
-  a.rows = rows, a.k = k, a.base = x;
+// rows row0 .. row0 + rows - 1 of a packed [planes, k] buffer x
+template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k, int planes, int row0) {
+  a.rows = rows, a.k = k;
   if constexpr (ACT == LP_ACT_Q8_0 || ACT == LP_ACT_Q8_1 || ACT == LP_ACT_Q8_K) {
-    const Q8Rows q = lp_q8_rows((void*)x, rows, k, ACT);
-    a.qs = q.qs;
+    a.base = x, a.planes = planes, a.row0 = row0;
+    const Q8Rows q = lp_q8_rows((void*)x, planes, k, ACT);
+    a.qs = q.qs + (size_t)row0 * k;
     if constexpr (ACT == LP_ACT_Q8_K) {
-      a.d = (const float*)q.d;
-      a.bsums = q.bsums;
+      a.d = (const float*)q.d + (size_t)row0 * (k / 256);
+      a.bsums = q.bsums + (size_t)row0 * (k / 16);
     } else {
       const size_t nb = (size_t)rows * (k / 32);
+      const lp_half* d = (const lp_half*)q.d + (size_t)row0 * (k / 32);
       a.own.resize(ACT == LP_ACT_Q8_1 ? 2 * nb : nb);
-      for (size_t b = 0; b < nb; ++b) a.own[b] = lp_h2f(((const lp_half*)q.d)[b]);
+      for (size_t b = 0; b < nb; ++b) a.own[b] = lp_h2f(d[b]);
       if constexpr (ACT == LP_ACT_Q8_1) {
         for (size_t b = 0; b < nb; ++b) {
           int sum = 0;
-          for (int i = 0; i < 32; ++i) sum += q.qs[b * 32 + i];
+          for (int i = 0; i < 32; ++i) sum += a.qs[b * 32 + i];
           a.own[nb + b] = a.own[b] * (float)sum;
         }
         a.s = a.own.data() + nb;
       }
       a.d = a.own.data();
     }
+  } else {
+    a.base = (const char*)x + (size_t)row0 * k * (ACT == LP_ACT_F32 ? 4 : 2), a.planes = rows;
   }
 }
+
+template <int ACT> inline void make_acts(Acts& a, const void* x, int rows, int k) { make_acts<ACT>(a, x, rows, k, rows, 0); }
 
 // bytes of a packed [rows, k] buffer in format FMT (common.cuh lp_q8_rows' planes; plain values)
 template <int FMT> inline size_t packed_bytes(int rows, int k) {
@@ -131,7 +139,7 @@ inline void rows_scalar(const LpWeight<F, LP_BLOCKS>& w, int r0, int r1, const A
       for (int c0 = 0; c0 < a.rows; c0 += SCALAR_COLUMNS) {
         const int nc = lp_min(SCALAR_COLUMNS, a.rows - c0);
         float acc[SCALAR_COLUMNS];
-        lp_row_dot<F, SCALAR_COLUMNS>(w, row, lp_x<LpWeight<F>::ACT>(a.base, a.rows, a.k, c0), nc, acc);
+        lp_row_dot<F, SCALAR_COLUMNS>(w, row, lp_x<LpWeight<F>::ACT>(a.base, a.planes, a.k, a.row0 + c0), nc, acc);
         if constexpr (F == LP_FMT_F16) {
           const int done = a.k / LpWeight<F>::PIECE * LpWeight<F>::PIECE;
           for (int c = 0; c < nc; ++c) acc[c] += value_dot<F>(w, row, a.base, c0 + c, a.k, done);

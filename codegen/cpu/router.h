@@ -1,7 +1,8 @@
 // router.h: the mixture-of-experts router on the CPU (op moe_router; CPU twin runtime/numpy_kernels.py
 // moe_router, core/numerics.py route): the gate logits x . gate^T of every row as a projection (matmul.h's
 // row loop on the f32 gate, its default schedule), then per row their softmax (exp of the difference to
-// the row's max and the sum in float64, each p rounded to float), the experts ordered by std::sort with
+// the row's max in float64 by common.cuh lp_exp64, the GPU's and the twin's own, their float64 sum in
+// expert order, each p rounded to float), the experts ordered by std::sort with
 // ggml's comparator (p[a] > p[b]: llama.cpp's CPU argsort, so equal probabilities come out in its order),
 // the first `top` of them and their p, divided by their float sum (a float64 sum rounded) when `norm`.
 // Rows split over the pool.
@@ -33,7 +34,7 @@ inline void moe_router(const float* x, const float* gate, int* ids, float* weigh
       double most = -INFINITY;
       for (int i = 0; i < experts; ++i) most = std::max(most, (double)lr[i]);
       double sum = 0.0;
-      for (int i = 0; i < experts; ++i) sum += e[i] = exp((double)lr[i] - most);
+      for (int i = 0; i < experts; ++i) sum += e[i] = lp_exp64((double)lr[i] - most);
       for (int i = 0; i < experts; ++i) p[i] = (float)(e[i] / sum);
       for (int i = 0; i < experts; ++i) order[i] = i;
       std::sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });

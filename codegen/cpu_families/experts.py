@@ -2,32 +2,56 @@
 matmul_experts_residual, every weight format the projections read, in the projections' layouts (Q4_K and
 Q6_K as rows16 records, matmul.RELAYOUT; the rest in place), so each expert is a projection of its own:
 its rows of the [experts, n, k] tensor, read once per step for every row routed to it. Operands and
-arguments as codegen/operands.py's experts contract says, then the projections' schedule (task_rows,
-ahead, cols; members: the matmul family's). CPU twin: runtime/numpy_kernels.py experts."""
+arguments as codegen/operands.py's experts contract says, then the grouping scratch, then the
+projections' schedule (task_rows, ahead, cols; members: the matmul family's). CPU twin:
+runtime/numpy_kernels.py experts.
+
+The grouping buffers are the plan's scratch (codegen/kernel.py scratch: placed in the arena, sized for the
+phase's bound of rows, live during the launch), with the GPU family's names, layouts and shapes
+(codegen/families/experts.py): "matmul_experts.groups" i32 [rows, 4 top + 2] (experts.h group_slots),
+"matmul_experts.x" in x's activation format [rows, top * k] (the slots' activation rows in group order),
+and for matmul_experts_residual "matmul_experts.y" f32 [rows, top * n] (the slots' results before their
+weighted sum)."""
 
 from __future__ import annotations
 
-from llmplan.core.formats import FORMATS
+from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
 from llmplan.core.plan_records import Launch
 
 from .. import operands
-from ..kernel import Context, Kernel, KernelLaunch
-from ..operands import declare, experts_params, refs
+from ..build import BuildError
+from ..families.experts import group_ints
+from ..families.router import MAX_EXPERTS
+from ..kernel import Context, Kernel, KernelLaunch, scratch
+from ..operands import Arg, declare, experts_params, refs
 from .matmul import SCHEDULE_PARAMS, layout, schedule_args, weight_code, weight_token
 from .matmul import candidates as candidates  # each expert is read as a projection weight: the same members
+
+
+def grouping_params(residual: bool) -> tuple[tuple[str, str], ...]:
+    """The grouping scratch: groups, the gathered activations, and (residual) the slots' results."""
+    return (("int*", "groups"), ("void*", "xg"), *((("float*", "ys"),) if residual else ()))
 
 
 def kernel(fmt: str, residual: bool) -> Kernel:
     op = "matmul_experts_residual" if residual else "matmul_experts"
     name = f"lp_cpu_{op}_{weight_token(fmt)}"
-    call = (f"lp_cpu::matmul_experts<{weight_code(fmt)}, {'true' if residual else 'false'}>(x, w, ids, "
-            f"{'weights, r' if residual else 'nullptr, nullptr'}, y, rows, k, n, experts, top, sliced, task_rows, "
-            "ahead, cols)")
-    entry = f"LP_KERNEL void {name}({declare((*experts_params(residual), *SCHEDULE_PARAMS))}) {{ {call}; }}"
+    call = (f"lp_cpu::matmul_experts<{weight_code(fmt)}, {'true' if residual else 'false'}, {MAX_EXPERTS}>(x, w, ids, "
+            f"{'weights, r' if residual else 'nullptr, nullptr'}, y, groups, xg, {'ys' if residual else 'nullptr'}, "
+            "rows, k, n, experts, top, sliced, task_rows, ahead, cols)")
+    params = (*experts_params(residual), *grouping_params(residual), *SCHEDULE_PARAMS)
+    entry = f"LP_KERNEL void {name}({declare(params)}) {{ {call}; }}"
     return Kernel(name, op, "experts.h", entry, 0)
 
 
 def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     c = operands.experts(launch, ctx, tuple(FORMATS))
-    return [KernelLaunch(kernel(c.fmt, c.op == "matmul_experts_residual"), (1,),
-                         refs((*c.args(layout), *schedule_args(launch.member))))]
+    if c.experts > MAX_EXPERTS:
+        raise BuildError(f"{c.op}: {c.experts} experts; the kernel groups up to {MAX_EXPERTS}")
+    residual = c.op == "matmul_experts_residual"
+    buffers = [scratch("matmul_experts.groups", "i32", [c.rows, group_ints(c.top)]),
+               scratch("matmul_experts.x", ACTIVATION_FORMAT[c.fmt.lower()], [c.rows, c.top * c.k]),
+               scratch("matmul_experts.y", "f32", [c.rows, c.top * c.n])]
+    grouping = [Arg(ctype, name, ref) for (ctype, name), ref in zip(grouping_params(residual), buffers)]
+    return [KernelLaunch(kernel(c.fmt, residual), (1,),
+                         refs((*c.args(layout), *grouping, *schedule_args(launch.member))))]

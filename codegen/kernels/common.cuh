@@ -88,6 +88,42 @@ __device__ __forceinline__ float lp_sub_rn(float a, float b) {
 }
 #endif
 
+// The same in double, for lp_exp64.
+#if defined(LP_CUDA)
+__device__ __forceinline__ double lp_mul_rn(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double lp_add_rn(double a, double b) { return __dadd_rn(a, b); }
+#else
+__device__ __forceinline__ double lp_mul_rn(double a, double b) {
+  #pragma clang fp contract(off)
+  return a * b;
+}
+__device__ __forceinline__ double lp_add_rn(double a, double b) {
+  #pragma clang fp contract(off)
+  return a + b;
+}
+#endif
+
+// exp(d) in double for d <= 0 (a softmax's exp of the difference to the row's max), by IEEE operations
+// alone, so the CPU kernels, every GPU and the NumPy twin (core/numerics.py exp64, its step-for-step port)
+// get the same bits: libm's, NVIDIA's and NumPy's exp differ in the last bit, and AMD has no double exp
+// without device libraries. d = n ln2 + r (n = rint(d / ln2), Cody-Waite's two-part ln2: n * LN2_HI
+// exact), exp(r) by its Taylor polynomial to degree 13 in Horner's order (|r| <= ln2 / 2: truncation
+// below 2^-56), scaled by 2^n. Below -746 the result is 0 (it underflows); NaN stays NaN.
+constexpr double LP_LN2_HI = 6.93147180369123816490e-01, LP_LN2_LO = 1.90821492927058770002e-10;
+constexpr double LP_INV_LN2 = 1.44269504088896338700e+00;
+
+__device__ __forceinline__ double lp_exp64(double d) {
+  constexpr double c[] = {1.0, 1.0, 1.0 / 2, 1.0 / 6, 1.0 / 24, 1.0 / 120, 1.0 / 720, 1.0 / 5040, 1.0 / 40320,
+                          1.0 / 362880, 1.0 / 3628800, 1.0 / 39916800, 1.0 / 479001600, 1.0 / 6227020800};  // 1 / i!
+  if (!(d >= -746.0)) return d < -746.0 ? 0.0 : d;
+  const double n = __builtin_rint(lp_mul_rn(d, LP_INV_LN2));
+  const double r = lp_add_rn(lp_add_rn(d, -lp_mul_rn(n, LP_LN2_HI)), -lp_mul_rn(n, LP_LN2_LO));
+  double q = c[13];
+#pragma unroll
+  for (int i = 12; i >= 0; --i) q = lp_add_rn(c[i], lp_mul_rn(r, q));
+  return __builtin_ldexp(q, (int)n);
+}
+
 // per byte x - c as int8, for bytes x in [0, 127 + c], c <= 128 (each byte is first lifted by
 // 128 - c, so no carry or borrow crosses a byte)
 __device__ __forceinline__ uint32_t lp_sub_bytes(uint32_t x, uint32_t c) {

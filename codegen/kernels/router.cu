@@ -1,13 +1,16 @@
 // router.cu: the mixture-of-experts router (op moe_router; CPU twin runtime/numpy_kernels.py moe_router,
-// core/numerics.py route): each row's routed experts and their weights, written to device buffers that the
-// expert projections read, so the launches of a step never depend on the routing.
+// core/numerics.py route; CPU kernel codegen/cpu/router.h): each row's routed experts and their weights,
+// written to device buffers that the expert projections read, so the launches of a step never depend on
+// the routing.
 //
 // Grid (rows,), THREADS threads: thread i computes the logits of experts i, i + THREADS, ... (a float dot
-// product over k in order), then thread 0 alone takes the row's softmax (lp_exp of the difference to the
-// max, the float sum in expert order, each p = e / sum), orders the experts as llama.cpp's CPU argsort
-// does (lp_sort_desc: libstdc++'s std::sort with ggml's comparator p[a] > p[b], step for step, so equal
-// probabilities come out in its order), and writes the first `top` with their p, divided by their float
-// sum when `norm`. A few hundred experts per row: the serial part is short beside a decode step.
+// product over k in order), then the row's softmax as the CPU kernel and the twin take it, bit for bit:
+// every thread the exp of its experts' difference to the max in double (common.cuh lp_exp64), thread 0
+// their double sum in expert order, every thread its p = e / sum rounded to float. Thread 0 then orders
+// the experts as llama.cpp's CPU argsort does (lp_sort_desc: libstdc++'s std::sort with ggml's comparator
+// p[a] > p[b], step for step, so equal probabilities come out in its order) and writes the first `top`
+// with their p, divided by their sum (double, rounded to float) when `norm`. A few hundred experts per
+// row: the serial part is short beside a decode step.
 #include "common.cuh"
 
 constexpr int LP_SORT_THRESHOLD = 16;  // libstdc++'s _S_threshold
@@ -109,29 +112,39 @@ template <int THREADS, int MAX_E>
 __device__ void lp_moe_router(const float* x, const float* gate, int* ids, float* weights, int rows, int k,
                               int experts, int top, int norm) {
   __shared__ float p[MAX_E];
+  __shared__ double e[MAX_E];
   __shared__ int order[MAX_E];
   __shared__ int stack[LP_SORT_STACK];
+  __shared__ double sum;
   const int r = lp_bid();
   const float* xr = x + (size_t)r * k;
-  for (int e = lp_tid(); e < experts; e += THREADS) {
-    const float* g = gate + (size_t)e * k;
+  for (int i = lp_tid(); i < experts; i += THREADS) {
+    const float* g = gate + (size_t)i * k;
     float dot = 0.0f;
     for (int j = 0; j < k; ++j) dot = lp_add_rn(dot, lp_mul_rn(xr[j], g[j]));
-    p[e] = dot;
-    order[e] = e;
+    p[i] = dot;
+    order[i] = i;
   }
   lp_sync();
-  if (lp_tid() != 0) return;
   float most = p[0];
-  for (int e = 1; e < experts; ++e) most = lp_fmax(most, p[e]);
-  float sum = 0.0f;
-  for (int e = 0; e < experts; ++e) sum = lp_add_rn(sum, p[e] = lp_exp(p[e] - most));
-  for (int e = 0; e < experts; ++e) p[e] = p[e] / sum;
+  for (int i = 1; i < experts; ++i) most = lp_fmax(most, p[i]);
+  for (int i = lp_tid(); i < experts; i += THREADS) e[i] = lp_exp64((double)p[i] - (double)most);
+  lp_sync();
+  if (lp_tid() == 0) {
+    double s = 0.0;
+    for (int i = 0; i < experts; ++i) s = lp_add_rn(s, e[i]);
+    sum = s;
+  }
+  lp_sync();
+  for (int i = lp_tid(); i < experts; i += THREADS) p[i] = (float)(e[i] / sum);
+  lp_sync();
+  if (lp_tid() != 0) return;
   lp_sort_desc(order, experts, p, stack);
-  float chosen = 0.0f;
-  for (int j = 0; j < top; ++j) chosen = lp_add_rn(chosen, p[order[j]]);
+  double chosen = 0.0;
+  for (int j = 0; j < top; ++j) chosen = lp_add_rn(chosen, (double)p[order[j]]);
+  const float total = (float)chosen;
   for (int j = 0; j < top; ++j) {
     ids[(size_t)r * top + j] = order[j];
-    weights[(size_t)r * top + j] = norm ? p[order[j]] / chosen : p[order[j]];
+    weights[(size_t)r * top + j] = norm ? p[order[j]] / total : p[order[j]];
   }
 }
