@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from llmplan.core import formats as core_formats
 from llmplan.core.formats import ACTIVATION_FORMAT, SCALAR_BYTES
-from llmplan.core.numerics import PAGE, SLICE
+from llmplan.core.numerics import MAX_EXPERTS, PAGE, SLICE
 from llmplan.core.op_traits import ops_of
 from llmplan.core.plan_records import F32, I32, Buf, Dim, Launch, Ref, RopeTable, State, Weight
 
 from .build import BuildError
-from .kernel import Context
+from .kernel import Context, scratch
 
 Param = tuple[str, str]  # an entry point's parameter: (C type, name)
 
@@ -517,6 +517,13 @@ def router(launch: Launch, ctx: Context) -> Router:
     return Router(rows, k, experts, top, _bind(ROUTER_PARAMS, values))
 
 
+def group_ints(top: int) -> int:
+    """Ints per row of the groups scratch for `top` slots a row: the group count, each group's expert and
+    first position, the slots in group order, each slot's position (4 top + 2; experts.cu lp_moe_group,
+    experts.h group_slots)."""
+    return 4 * top + 2
+
+
 def experts_params(residual: bool) -> tuple[Param, ...]:
     """x, w, ids, [weights, r,] y, rows, k, n, experts, top, sliced (x holds one k-wide slice per slot)."""
     fused = (("const float*", "weights"), ("const float*", "r")) if residual else ()
@@ -547,6 +554,15 @@ class Experts:
         """experts_params' arguments, the weight in the layout `layout(format)` names."""
         return _bind(experts_params(self.op == "matmul_experts_residual"),
                      self.values | {"w": Weight(self.w.name, layout(self.fmt))})
+
+    def grouping(self) -> tuple[Ref, Ref, Ref]:
+        """The grouping buffers of both targets' kernels, the plan's scratch sized for the phase's bound of
+        rows: "matmul_experts.groups" i32 [rows, group_ints(top)], "matmul_experts.x" the slots' activation
+        rows in group order [rows, top * k], "matmul_experts.y" f32 [rows, top * n] the slots' results
+        (matmul_experts_residual's, before their weighted sum)."""
+        return (scratch("matmul_experts.groups", "i32", [self.rows, group_ints(self.top)]),
+                scratch("matmul_experts.x", ACTIVATION_FORMAT[self.fmt.lower()], [self.rows, self.top * self.k]),
+                scratch("matmul_experts.y", "f32", [self.rows, self.top * self.n]))
 
 
 def experts(launch: Launch, ctx: Context, formats, multiple=None) -> Experts:

@@ -157,6 +157,7 @@ def _sum_in_order(a: np.ndarray) -> np.ndarray:
     return total
 
 
+MAX_EXPERTS = 1024  # the most experts a model may have and the kernels route: llama.cpp's LLAMA_MAX_EXPERTS
 SORT_THRESHOLD = 16  # libstdc++'s _S_threshold: std::sort leaves runs this short to its insertion sort
 
 

@@ -16,13 +16,14 @@ from typing import Any
 import numpy as np
 from gguf import GGUFValueType as V
 
+from llmplan.core.numerics import MAX_EXPERTS
+
 from .errors import ConfigError
 from .gguf import GGUFFile, MetaValue
 
 GEMMA3_SWA_PATTERN = 6  # llama.cpp's default: every sixth layer attends globally
 ROPE_BASE_SWA_DEFAULT = 10000.0
 MAX_LAYERS = 512  # llama.cpp's LLAMA_MAX_LAYERS
-MAX_EXPERTS = 1024  # llama.cpp's LLAMA_MAX_EXPERTS
 
 _INT_TYPES = {V.UINT8, V.INT8, V.UINT16, V.INT16, V.UINT32, V.INT32, V.UINT64, V.INT64}
 _FLOAT_TYPES = {V.FLOAT32, V.FLOAT64}

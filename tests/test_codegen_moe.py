@@ -22,6 +22,7 @@ import functools
 import numpy as np
 import pytest
 
+from llmplan.codegen import operands
 from llmplan.codegen.build import BuildError
 from llmplan.codegen.families import experts, router
 from llmplan.codegen.kernel import Context
@@ -241,7 +242,7 @@ def project(wave, op, fmt, rows, rng, e=6, n=20, top=3, sliced=False, poison_unr
     ctx = context(t.name, {"w": (fmt, (e, n, k))}, experts_buffers(act, width, top, n, res), rows)
     gathered = (np.full((rows, top * k), np.nan, np.float16) if act == "f16" else packed_buffer(act, rows, top * k)[0])
     scratch = {"matmul_experts.y": np.full((rows, top * n), np.nan, np.float32),
-               "matmul_experts.groups": np.full((rows, experts.group_ints(top)), -9, np.int32),
+               "matmul_experts.groups": np.full((rows, operands.group_ints(top)), -9, np.int32),
                "matmul_experts.x": gathered}
     arrays = {0: xbuf, 1: ids, 2: y, 3: wts, 4: r, "w": planar_bytes(fmt, blocks, e * n, k)} | scratch
     run(wave, experts.launches(experts_launch(op), ctx), arrays, {"rows": rows})

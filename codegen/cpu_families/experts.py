@@ -8,22 +8,20 @@ runtime/numpy_kernels.py experts.
 
 The grouping buffers are the plan's scratch (codegen/kernel.py scratch: placed in the arena, sized for the
 phase's bound of rows, live during the launch), with the GPU family's names, layouts and shapes
-(codegen/families/experts.py): "matmul_experts.groups" i32 [rows, 4 top + 2] (experts.h group_slots),
+(codegen/operands.py Experts.grouping): "matmul_experts.groups" i32 [rows, 4 top + 2] (experts.h group_slots),
 "matmul_experts.x" in x's activation format [rows, top * k] (the slots' activation rows in group order),
 and for matmul_experts_residual "matmul_experts.y" f32 [rows, top * n] (the slots' results before their
 weighted sum)."""
 
 from __future__ import annotations
 
-from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS
+from llmplan.core.formats import FORMATS
 from llmplan.core.plan_records import Launch
 
 from .. import operands
 from ..build import BuildError
-from ..families.experts import group_ints
-from ..families.router import MAX_EXPERTS
-from ..kernel import Context, Kernel, KernelLaunch, scratch
-from ..operands import Arg, declare, experts_params, refs
+from ..kernel import Context, Kernel, KernelLaunch
+from ..operands import MAX_EXPERTS, Arg, declare, experts_params, refs
 from .matmul import SCHEDULE_PARAMS, layout, schedule_args, weight_code, weight_token
 from .matmul import candidates as candidates  # each expert is read as a projection weight: the same members
 
@@ -49,9 +47,6 @@ def launches(launch: Launch, ctx: Context) -> list[KernelLaunch]:
     if c.experts > MAX_EXPERTS:
         raise BuildError(f"{c.op}: {c.experts} experts; the kernel groups up to {MAX_EXPERTS}")
     residual = c.op == "matmul_experts_residual"
-    buffers = [scratch("matmul_experts.groups", "i32", [c.rows, group_ints(c.top)]),
-               scratch("matmul_experts.x", ACTIVATION_FORMAT[c.fmt.lower()], [c.rows, c.top * c.k]),
-               scratch("matmul_experts.y", "f32", [c.rows, c.top * c.n])]
-    grouping = [Arg(ctype, name, ref) for (ctype, name), ref in zip(grouping_params(residual), buffers)]
+    grouping = [Arg(ctype, name, ref) for (ctype, name), ref in zip(grouping_params(residual), c.grouping())]
     return [KernelLaunch(kernel(c.fmt, residual), (1,),
                          refs((*c.args(layout), *grouping, *schedule_args(launch.member))))]

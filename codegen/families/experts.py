@@ -32,10 +32,9 @@ from llmplan.core.plan_records import Launch, Ref, Scratch, Weight, grid_dim
 
 from .. import operands
 from ..format_header import act_code, weight_code
-from ..kernel import Context, Kernel, KernelLaunch, scalar, scratch
-from ..operands import declare, experts_params
+from ..kernel import Context, Kernel, KernelLaunch, scalar
+from ..operands import MAX_EXPERTS, declare, experts_params
 from .matvec import FORMATS, MAX_COLUMNS, launch_bounds, piece
-from .router import MAX_EXPERTS
 
 WAVES = 4  # waves per block of the projections, as the mat-vec
 COLUMNS = MAX_COLUMNS  # a group's activation rows one pass over an expert's row serves
@@ -44,11 +43,6 @@ SUM_THREADS = 256
 SUM = "lp_moe_sum_residual"
 GROUP = "lp_moe_group"
 EXPECTS = {True: ("dot4", "load128"), False: ("load128",)}  # quantized or F16 weights
-
-
-def group_ints(top: int) -> int:
-    """Ints per row of the groups scratch (experts.cu lp_moe_group's layout: 4 S + 2 for S slots)."""
-    return 4 * top + 2
 
 
 def kernel(fmt: str, target) -> Kernel:
@@ -95,8 +89,7 @@ def contract(launch: Launch, ctx: Context) -> operands.Experts:
 
 def projected(c: operands.Experts) -> Ref:
     """Where the projections write: y, or for matmul_experts_residual the slots' scratch its sum reads."""
-    residual = c.op == "matmul_experts_residual"
-    return scratch("matmul_experts.y", "f32", [c.rows, c.top * c.n]) if residual else c.values["y"]
+    return c.grouping()[2] if c.op == "matmul_experts_residual" else c.values["y"]
 
 
 def grouping(c: operands.Experts) -> tuple[list[KernelLaunch], Scratch, Scratch]:
@@ -104,8 +97,7 @@ def grouping(c: operands.Experts) -> tuple[list[KernelLaunch], Scratch, Scratch]
     the groups and gathered rows' scratch they write."""
     v = c.values
     act = ACTIVATION_FORMAT[c.fmt.lower()]
-    groups = scratch("matmul_experts.groups", "i32", [c.rows, group_ints(c.top)])
-    xg = scratch("matmul_experts.x", act, [c.rows, c.top * c.k])
+    groups, xg, _ = c.grouping()
     return ([KernelLaunch(group_kernel(), (1,), [v["ids"], groups, v["rows"], v["experts"], v["top"]]),
              KernelLaunch(gather_kernel(act), (c.top, grid_dim(c.rows)),
                           [v["x"], groups, xg, v["rows"], v["k"], v["top"], v["sliced"]])], groups, xg)

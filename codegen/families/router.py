@@ -10,10 +10,9 @@ from llmplan.core.plan_records import Launch, grid_dim
 from .. import operands
 from ..build import BuildError
 from ..kernel import Context, Kernel, KernelLaunch
-from ..operands import ROUTER_PARAMS, declare, refs
+from ..operands import MAX_EXPERTS, ROUTER_PARAMS, declare, refs
 
 THREADS = 64
-MAX_EXPERTS = 1024  # the most experts the kernels take (their shared arrays): llama.cpp's LLAMA_MAX_EXPERTS
 NAME = "lp_moe_router"
 
 
