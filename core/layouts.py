@@ -34,12 +34,14 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
-ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6, through formats.h)
+# bytes of a record (codegen/cpu/rows16.h K4, K6, Q8, through formats.h): a super-block of 16 rows, or a
+# 32-value block (Q8_0)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360, "Q8_0": 544}
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
     if fmt.name not in ROWS16_RECORD:
-        raise ValueError(f"the rows16 layout holds {' and '.join(ROWS16_RECORD)} weights, not {fmt.name}")
+        raise ValueError(f"the rows16 layout holds {', '.join(ROWS16_RECORD)} weights, not {fmt.name}")
     rows, k = _rows_k(shape)
     return -(-rows // ROWS16) * (k // fmt.block) * ROWS16_RECORD[fmt.name]
 
@@ -64,8 +66,8 @@ def rows16_chunks(fmt: str, shape: tuple[int, ...]) -> Iterator[tuple[int, int, 
 
 
 def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Consumed) -> np.ndarray:
-    """Q4_K or Q6_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
-    rows padded with zeros to a multiple of 16, records in order (row group, super-block)."""
+    """Q4_K, Q6_K or Q8_0 blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
+    rows padded with zeros to a multiple of 16, records in order (row group, block)."""
     rows, k = _rows_k(shape)
     out = np.empty(_rows16_bytes(fmt, shape), np.uint8)
     blocks = fmt.blocks(raw).reshape(rows, k // fmt.block)
@@ -77,7 +79,7 @@ def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Cons
 
 
 def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
-    """The records of blocks [rows, super-blocks] (rows padded to a multiple of 16)."""
+    """The records of blocks [rows, blocks] (rows padded to a multiple of 16)."""
     rows, nsb = blocks.shape
     groups = -(-rows // ROWS16)
     b = np.zeros((groups * ROWS16, nsb), fmt.layout)
@@ -85,7 +87,10 @@ def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
     b = b.reshape(groups, ROWS16, nsb).transpose(0, 2, 1)  # (group, sb, row)
     flat = lambda a, n: np.ascontiguousarray(a).view(np.uint8).reshape(groups, nsb, n)  # noqa: E731
     by_row = lambda a: a.reshape(groups, nsb, ROWS16, -1).transpose(0, 1, 3, 2)  # (.., sub-block, row)  # noqa: E731
-    if fmt.name == "Q4_K":
+    if fmt.name == "Q8_0":  # the values + 128 as unsigned bytes, vectors [t, row, byte]: value 4t + byte
+        u = (b["qs"].view(np.uint8) ^ np.uint8(0x80)).reshape(groups, nsb, ROWS16, 8, 4)
+        parts = [flat(b["d"], 32), flat(u.transpose(0, 1, 3, 2, 4), 512)]
+    elif fmt.name == "Q4_K":
         sc, mn = k_scale_min(b["scales"].reshape(-1, 12))
         qs = _chunks(nibbles(b["qs"].reshape(-1, 128), 32).reshape(groups, nsb, ROWS16, 256))
         parts = [flat(b["d"], 32), flat(b["dmin"], 32), flat(by_row(sc), 128),
@@ -139,8 +144,8 @@ LAYOUTS: dict[str, Layout] = {
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
     "rows16": Layout("rows16", 2, True, _rows16_bytes, _rows16,
-                     "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
-                     "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
+                     "Q4_K, Q6_K and Q8_0 projections of the CPU target's compiled kernels, made once at load: 16 "
+                     "rows' blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),
     "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _whole(_planar),
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "

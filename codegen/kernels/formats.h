@@ -127,8 +127,10 @@ static constexpr uint32_t LP_IQ4_W0 = 0xbfad9881u,
 enum LpRows16Format {
   LP_FMT_Q4_K_R16 = 268,
   LP_FMT_Q6_K_R16 = 270,
+  LP_FMT_Q8_0_R16 = 264,
 };
 enum { LP_ROWS16 = 16 };
 template <int F> struct LpRows16;
 template <> struct LpRows16<LP_FMT_Q4_K_R16> { static constexpr int BYTES = 2368; };
 template <> struct LpRows16<LP_FMT_Q6_K_R16> { static constexpr int BYTES = 3360; };
+template <> struct LpRows16<LP_FMT_Q8_0_R16> { static constexpr int BYTES = 544; };
