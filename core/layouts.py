@@ -34,9 +34,9 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
-# bytes of a record (codegen/cpu/rows16.h K4, K6, Q8, through formats.h): a super-block of 16 rows, or a
-# 32-value block (Q8_0)
-ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360, "Q8_0": 544}
+# bytes of a record (codegen/cpu/rows16.h K4, K6, rows16_q8.h Q8, Q4, Q5, through formats.h): a super-block
+# of 16 rows, or a 32-value block of them (the same bytes as the rows' blocks)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360, "Q8_0": 544, "Q4_0": 288, "Q5_0": 352}
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
@@ -66,7 +66,7 @@ def rows16_chunks(fmt: str, shape: tuple[int, ...]) -> Iterator[tuple[int, int, 
 
 
 def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Consumed) -> np.ndarray:
-    """Q4_K, Q6_K or Q8_0 blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
+    """Q4_K, Q6_K, Q8_0, Q4_0 or Q5_0 blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
     rows padded with zeros to a multiple of 16, records in order (row group, block)."""
     rows, k = _rows_k(shape)
     out = np.empty(_rows16_bytes(fmt, shape), np.uint8)
@@ -87,9 +87,15 @@ def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
     b = b.reshape(groups, ROWS16, nsb).transpose(0, 2, 1)  # (group, sb, row)
     flat = lambda a, n: np.ascontiguousarray(a).view(np.uint8).reshape(groups, nsb, n)  # noqa: E731
     by_row = lambda a: a.reshape(groups, nsb, ROWS16, -1).transpose(0, 1, 3, 2)  # (.., sub-block, row)  # noqa: E731
-    if fmt.name == "Q8_0":  # the values + 128 as unsigned bytes, vectors [t, row, byte]: value 4t + byte
-        u = (b["qs"].view(np.uint8) ^ np.uint8(0x80)).reshape(groups, nsb, ROWS16, 8, 4)
-        parts = [flat(b["d"], 32), flat(u.transpose(0, 1, 3, 2, 4), 512)]
+    if fmt.name == "Q8_0":  # the values + 128, vectors (t, half, row, byte): value 16 half + 4t + byte
+        u = (b["qs"].view(np.uint8) ^ np.uint8(0x80)).reshape(groups, nsb, ROWS16, 2, 4, 4)
+        parts = [flat(b["d"], 32), flat(u.transpose(0, 1, 4, 3, 2, 5), 512)]
+    elif fmt.name in ("Q4_0", "Q5_0"):  # the rows' qs bytes 4t .. 4t + 3, vectors (t, row, byte)
+        parts = [flat(b["d"], 32), flat(b["qs"].reshape(groups, nsb, ROWS16, 4, 4).transpose(0, 1, 3, 2, 4), 256)]
+        if fmt.name == "Q5_0":  # the high bits: bit 4 half + t of byte `byte` that of value 16 half + 4t + byte
+            high = (b["qh"][..., None] >> np.arange(32, dtype=np.uint32)).astype(np.uint8) & np.uint8(1)
+            weights = (np.uint8(1) << np.arange(8, dtype=np.uint8)).reshape(2, 4, 1)
+            parts.append(flat((high.reshape(groups, nsb, ROWS16, 2, 4, 4) * weights).sum(axis=(-3, -2), dtype=np.uint8), 64))
     elif fmt.name == "Q4_K":
         sc, mn = k_scale_min(b["scales"].reshape(-1, 12))
         qs = _chunks(nibbles(b["qs"].reshape(-1, 128), 32).reshape(groups, nsb, ROWS16, 256))
@@ -144,7 +150,7 @@ LAYOUTS: dict[str, Layout] = {
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
     "rows16": Layout("rows16", 2, True, _rows16_bytes, _rows16,
-                     "Q4_K, Q6_K and Q8_0 projections of the CPU target's compiled kernels, made once at load: 16 "
+                     "Q4_K, Q6_K, Q8_0, Q4_0 and Q5_0 projections of the CPU target's compiled kernels, made once at load: 16 "
                      "rows' blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),
     "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _whole(_planar),

@@ -5,10 +5,9 @@
 // the weight's quantized values with the packed 8-bit activations (q8_0 / q8_1 / q8_k, field planes as
 // in the arena: common.cuh lp_q8_rows), the per-block scales applied in float; f16 / bf16 / f32
 // weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
-// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K, Q6_K and
-// Q8_0, which the runtime relays out once at load into 16-row records (weight codes LP_FMT_Q4_K_R16,
-// LP_FMT_Q6_K_R16, LP_FMT_Q8_0_R16 of formats.h; rows16.h, rows16_q8.h: their own engine, the same on
-// every path).
+// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K, Q6_K,
+// Q8_0, Q4_0 and Q5_0, which the runtime relays out once at load into 16-row records (weight codes
+// LP_FMT_*_R16 of formats.h; rows16.h, rows16_q8.h: their own engine, the same on every path).
 //
 // Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
 // gate|up are one launch; rows16 tasks rounded up to whole records); pool.h hands tasks to threads as
@@ -588,9 +587,9 @@ inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Ac
   for (int i = 0; i < CT; ++i) cols[i] = a.col(c0 + i);
   for (int h = 0; h < R16 / L; ++h) {
     float v[CT][L];
-    if constexpr (std::is_same_v<Rec, Q8>) {
-      if (a.rows == 1) r16q8_tile<VR16, CT, 4>(w, group, h, cols, v);
-      else r16q8_tile<VR16, CT, 1>(w, group, h, cols, v);
+    if constexpr (is_b32<Rec>) {
+      if (a.rows == 1) r16_b32_tile<VR16, Rec, CT, 4>(w, group, h, cols, v);
+      else r16_b32_tile<VR16, Rec, CT, 1>(w, group, h, cols, v);
     } else {
       if (a.rows == 1) r16_tile<VR16, Rec, CT, 4>(w, group, h, cols, v);
       else r16_tile<VR16, Rec, CT, 1>(w, group, h, cols, v);
@@ -605,12 +604,18 @@ inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Ac
 // engine's scalar twin (tiles.h), which the tests hold to the other paths' bits.
 enum R16Engine { R16_PATH, R16_TWIN };
 
+// the tile engine of records Rec (tiles.h, rows16_q8.h) on tiles T
+template <class T, class Rec, class Out> inline void r16_tile_engine(const Rows16<Rec>& w, int r0, int r1, const Acts& a, Out& out) {
+  if constexpr (is_b32<Rec>) r16_b32_tiles<T>(w, r0, r1, a, out);
+  else r16_tiles<T>(w, r0, r1, a, out);
+}
+
 template <class Rec, R16Engine E, class Out>
 inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, Out& out) {
   const Rows16<Rec> w{(const uint8_t*)raw, a.k / Rec::VALUES};
-  if constexpr (E == R16_TWIN) return r16_tiles<TwinTiles>(w, r0, r1, a, out);
+  if constexpr (E == R16_TWIN) return r16_tile_engine<TwinTiles>(w, r0, r1, a, out);
 #if LP_CPU_ISA >= 3
-  if (a.rows > CT_R16_MAX) return r16_tiles<AmxTiles>(w, r0, r1, a, out);
+  if (a.rows > CT_R16_MAX) return r16_tile_engine<AmxTiles>(w, r0, r1, a, out);
 #endif
   for (int group = r0 / R16; R16 * group < r1; ++group) {
     const int rows_here = lp_min(R16, r1 - R16 * group);
@@ -621,7 +626,8 @@ inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, O
 #else
     for (int c = 0; c < a.rows; ++c) {
       float v[R16];
-      r16_scalar(w, group, a.col(c), v);
+      if constexpr (is_b32<Rec>) r16_b32_scalar(w, group, a.col(c), v);
+      else r16_scalar(w, group, a.col(c), v);
       for (int r = 0; r < rows_here; ++r) out(R16 * group + r, c, v[r]);
     }
 #endif

@@ -1,6 +1,6 @@
 // rows16.h: Q4_K and Q6_K projections held in 16-row records (layout "rows16", core/layouts.py makes
-// it once at load from the file's blocks), the engine matmul.h runs for them (Q8_0's records and
-// engine: rows16_q8.h, on this header's vectors).
+// it once at load from the file's blocks), the engine matmul.h runs for them (Q8_0's, Q4_0's and Q5_0's
+// records and engine: rows16_q8.h, on this header's vectors).
 //
 // Why a relayout: read in place, a K-quant super-block's scales are unpacked for every weight row, and
 // each 16 values go through vpmaddubsw plus a scaled vpdpwssd, then a float epilogue per row (matmul.h
@@ -38,13 +38,13 @@
 
 namespace lp_cpu {
 
-// the records' weight codes (LP_FMT_Q4_K_R16, LP_FMT_Q6_K_R16, LP_FMT_Q8_0_R16), rows and bytes come
+// the records' weight codes (LP_FMT_Q4_K_R16, LP_FMT_Q6_K_R16; rows16_q8.h's), rows and bytes come
 // from formats.h
 constexpr int R16 = LP_ROWS16;
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
 // int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset); or
-// (Q8_0 records) q8_0 values and scales, and 128 times the block sums (rows16_q8.h).
+// (rows16_q8.h's records) q8_0 values and scales, and the block sums.
 struct R16Col {
   const int8_t* x;       // [k]
   const float* dk;       // [k / 256]; q8_0: [k / 32]

@@ -8,7 +8,7 @@ threads take as they come free; each task streams its rows of the weight once fo
 
 Operands and arguments as codegen/operands.py's projection contract says (x packed q8_0 / q8_1 / q8_k,
 or f16 / bf16 / f32 values for float weights; the residual may be the output itself), the weights in
-layout "blocks" (the tensor's bytes in the mapped GGUF) or "rows16" for Q4_K, Q6_K and Q8_0 (RELAYOUT); then
+layout "blocks" (the tensor's bytes in the mapped GGUF) or "rows16" for Q4_K, Q6_K, Q8_0, Q4_0 and Q5_0 (RELAYOUT); then
 the schedule: task_rows, ahead, cols.
 
 Members: a schedule, "t<rows>[a<tiles>][c<cols>]": weight rows per task (TASK_ROWS); how many register
@@ -47,7 +47,7 @@ SCHEDULE_PARAMS = (("int", "task_rows"), ("int", "ahead"), ("int", "cols"))
 # Formats the projections read in a layout made once at load, not in place: (layout, the kernel's weight
 # code, its name in kernel names): rows16 records (codegen/cpu/rows16.h), measured faster than in place
 # for every shape of tiny-llama3 and gemma3-270m, one row and 128 (docs/benchmarks.md).
-RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K", "Q8_0")}
+RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0")}
 
 
 def layout(fmt: str) -> str:
