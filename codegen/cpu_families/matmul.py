@@ -50,10 +50,10 @@ SCHEDULE_PARAMS = (("int", "task_rows"), ("int", "ahead"), ("int", "cols"))
 RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0")}
 
 
-def layout(fmt: str) -> str:
-    """The layout a projection's kernel reads a weight of `fmt` in: RELAYOUT's, else the mapped file's
-    blocks in place."""
-    return RELAYOUT[fmt][0] if fmt in RELAYOUT else "blocks"
+def layout(fmt: str, relayout: dict = RELAYOUT) -> str:
+    """The layout a projection's kernel reads a weight of `fmt` in: `relayout`'s (a family that reads
+    fewer formats' records passes its part of RELAYOUT), else the mapped file's blocks in place."""
+    return relayout[fmt][0] if fmt in relayout else "blocks"
 
 
 def held(ref: Weight, fmt: str) -> Weight:
@@ -61,14 +61,14 @@ def held(ref: Weight, fmt: str) -> Weight:
     return Weight(ref.name, layout(fmt))
 
 
-def weight_code(fmt: str) -> str:
+def weight_code(fmt: str, relayout: dict = RELAYOUT) -> str:
     """The C++ weight code of a projection weight of format `fmt` as held()."""
-    return RELAYOUT[fmt][1] if fmt in RELAYOUT else format_header.weight_code(fmt)
+    return relayout[fmt][1] if fmt in relayout else format_header.weight_code(fmt)
 
 
-def weight_token(fmt: str) -> str:
+def weight_token(fmt: str, relayout: dict = RELAYOUT) -> str:
     """Its name in kernel names."""
-    return RELAYOUT[fmt][2] if fmt in RELAYOUT else fmt.lower()
+    return relayout[fmt][2] if fmt in relayout else fmt.lower()
 
 
 def member(rows: int, ahead: int, cols: int = DEFAULT_COLS) -> str:
