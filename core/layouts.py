@@ -170,9 +170,10 @@ def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
 
 def weight_bytes_beyond_file(w: WeightInfo) -> int:
     """What a plan's weight costs beyond the mapped file: its copies made at load, less its file bytes
-    where every layout is a copy (the runtime releases those pages)."""
+    where it has one (the runtime releases those pages as a copy is made; a layout read in place beside
+    a copy, as an embedding's rows beside its tied head's records, faults back only the pages it reads)."""
     copies = sum(info.bytes for layout, info in w.layouts.items() if LAYOUTS[layout].copies)
-    if w.layouts and all(LAYOUTS[layout].copies for layout in w.layouts):
+    if any(LAYOUTS[layout].copies for layout in w.layouts):
         copies -= layout_bytes("plain", w.format, tuple(w.shape))
     return copies
 
