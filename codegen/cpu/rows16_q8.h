@@ -4,12 +4,13 @@
 //
 // Why: read in place (matmul.h engine A) a one-row pass over Q8_0 reads 4 rows side by side, two blocks
 // a vector, and sums each row's lanes at its end; from memory it ran at 8.2 GB/s a core where a plain
-// stream reads 19, its compute and its loads not overlapping. Here, as rows16.h does for the K-quants,
+// stream reads 19, its compute and its loads not overlapping (the records: 20.7 GB/s; Q5_0 and Q4_0 2x
+// as well, docs/benchmarks.md 2026-12-03 15:24). Here, as rows16.h does for the K-quants,
 // 16 rows sit side by side, 4 bytes of each per 64-byte vector, so one vpdpbusd takes 4 values of 16
 // rows against 4 activations broadcast, each int32 lane one row's sum, and the float step serves 16 rows
 // at once; a task's rows are one contiguous stream.
 //
-// A record: 32-value block b of rows 16G .. 16G + 15 (rows past the weight's end zero), records in order
+// A record: 32-value block b of rows 16G .. 16G + 15 (rows past the weight's end as zero blocks), in order
 // (G, b), the same bytes as the 16 rows' blocks. Every value is held unsigned, u = q + BIAS, the operand
 // vpdpbusd (and TDPBSUD) takes unsigned, so the 512-bit engine and AMX take them as they are; the bias
 // comes off as BIAS times the activation block's sum (exact, per activation row and block, once per
