@@ -37,7 +37,7 @@ def weight_code(fmt: str) -> str:
 def rows16_code(fmt: str) -> str:
     """The C name of the code of `fmt` weights held in rows16 records (LP_FMT_Q4_K_R16)."""
     if fmt.upper() not in ROWS16_RECORD:
-        raise ValueError(f"the rows16 layout holds {' and '.join(ROWS16_RECORD)} weights, not {fmt}")
+        raise ValueError(f"the rows16 layout holds {', '.join(ROWS16_RECORD)} weights, not {fmt}")
     return f"{weight_code(fmt)}_R16"
 
 

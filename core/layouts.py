@@ -34,12 +34,14 @@ def _planar(raw: np.ndarray, fmt: Format, shape: tuple[int, ...]) -> np.ndarray:
 
 Consumed = Callable[[int, int], None]
 ROWS16 = 16  # rows per record of the rows16 layout
-ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360}  # bytes of a record (codegen/cpu/rows16.h K4, K6, through formats.h)
+# bytes of a record (codegen/cpu/rows16.h K4, K6, rows16_q8.h Q8, Q4, Q5, through formats.h): a super-block
+# of 16 rows, or a 32-value block of them (the same bytes as the rows' blocks)
+ROWS16_RECORD = {"Q4_K": 2368, "Q6_K": 3360, "Q8_0": 544, "Q4_0": 288, "Q5_0": 352}
 
 
 def _rows16_bytes(fmt: Format, shape: tuple[int, ...]) -> int:
     if fmt.name not in ROWS16_RECORD:
-        raise ValueError(f"the rows16 layout holds {' and '.join(ROWS16_RECORD)} weights, not {fmt.name}")
+        raise ValueError(f"the rows16 layout holds {', '.join(ROWS16_RECORD)} weights, not {fmt.name}")
     rows, k = _rows_k(shape)
     return -(-rows // ROWS16) * (k // fmt.block) * ROWS16_RECORD[fmt.name]
 
@@ -64,8 +66,8 @@ def rows16_chunks(fmt: str, shape: tuple[int, ...]) -> Iterator[tuple[int, int, 
 
 
 def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Consumed) -> np.ndarray:
-    """Q4_K or Q6_K super-blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
-    rows padded with zeros to a multiple of 16, records in order (row group, super-block)."""
+    """Q4_K, Q6_K, Q8_0, Q4_0 or Q5_0 blocks of 16 rows side by side (codegen/cpu/rows16.h has the records and why):
+    rows padded with zeros to a multiple of 16, records in order (row group, block)."""
     rows, k = _rows_k(shape)
     out = np.empty(_rows16_bytes(fmt, shape), np.uint8)
     blocks = fmt.blocks(raw).reshape(rows, k // fmt.block)
@@ -77,7 +79,7 @@ def _rows16(raw: np.ndarray, fmt: Format, shape: tuple[int, ...], consumed: Cons
 
 
 def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
-    """The records of blocks [rows, super-blocks] (rows padded to a multiple of 16)."""
+    """The records of blocks [rows, blocks] (rows padded to a multiple of 16)."""
     rows, nsb = blocks.shape
     groups = -(-rows // ROWS16)
     b = np.zeros((groups * ROWS16, nsb), fmt.layout)
@@ -85,7 +87,16 @@ def _rows16_groups(blocks: np.ndarray, fmt: Format) -> np.ndarray:
     b = b.reshape(groups, ROWS16, nsb).transpose(0, 2, 1)  # (group, sb, row)
     flat = lambda a, n: np.ascontiguousarray(a).view(np.uint8).reshape(groups, nsb, n)  # noqa: E731
     by_row = lambda a: a.reshape(groups, nsb, ROWS16, -1).transpose(0, 1, 3, 2)  # (.., sub-block, row)  # noqa: E731
-    if fmt.name == "Q4_K":
+    if fmt.name == "Q8_0":  # the values + 128, vectors (t, half, row, byte): value 16 half + 4t + byte
+        u = (b["qs"].view(np.uint8) ^ np.uint8(0x80)).reshape(groups, nsb, ROWS16, 2, 4, 4)
+        parts = [flat(b["d"], 32), flat(u.transpose(0, 1, 4, 3, 2, 5), 512)]
+    elif fmt.name in ("Q4_0", "Q5_0"):  # the rows' qs bytes 4t .. 4t + 3, vectors (t, row, byte)
+        parts = [flat(b["d"], 32), flat(b["qs"].reshape(groups, nsb, ROWS16, 4, 4).transpose(0, 1, 3, 2, 4), 256)]
+        if fmt.name == "Q5_0":  # the high bits: bit 4 half + t of byte `byte` that of value 16 half + 4t + byte
+            high = (b["qh"][..., None] >> np.arange(32, dtype=np.uint32)).astype(np.uint8) & np.uint8(1)
+            weights = (np.uint8(1) << np.arange(8, dtype=np.uint8)).reshape(2, 4, 1)
+            parts.append(flat((high.reshape(groups, nsb, ROWS16, 2, 4, 4) * weights).sum(axis=(-3, -2), dtype=np.uint8), 64))
+    elif fmt.name == "Q4_K":
         sc, mn = k_scale_min(b["scales"].reshape(-1, 12))
         qs = _chunks(nibbles(b["qs"].reshape(-1, 128), 32).reshape(groups, nsb, ROWS16, 256))
         parts = [flat(b["d"], 32), flat(b["dmin"], 32), flat(by_row(sc), 128),
@@ -139,8 +150,8 @@ LAYOUTS: dict[str, Layout] = {
                      "the quantized blocks read in place from the mapped file by the CPU target's compiled kernels "
                      "(integer dot products with the packed activations)"),
     "rows16": Layout("rows16", 2, True, _rows16_bytes, _rows16,
-                     "Q4_K and Q6_K projections of the CPU target's compiled kernels, made once at load: 16 rows' "
-                     "super-blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
+                     "Q4_K, Q6_K, Q8_0, Q4_0 and Q5_0 projections of the CPU target's compiled kernels, made once at load: 16 "
+                     "rows' blocks side by side with their scales unpacked (codegen/cpu/rows16.h), so one integer dot "
                      "product instruction serves 16 rows; the file's pages of these tensors are released"),
     "planar": Layout("planar", 1, True, lambda fmt, shape: planes(fmt, *_rows_k(shape))[1], _whole(_planar),
                      "field planes (core/formats.planes): each quantized field of all blocks of a row together, "
@@ -159,9 +170,10 @@ def layout_bytes(layout: str, fmt: str, shape: tuple[int, ...]) -> int:
 
 def weight_bytes_beyond_file(w: WeightInfo) -> int:
     """What a plan's weight costs beyond the mapped file: its copies made at load, less its file bytes
-    where every layout is a copy (the runtime releases those pages)."""
+    where it has one (the runtime releases those pages as a copy is made; a layout read in place beside
+    a copy, as an embedding's rows beside its tied head's records, faults back only the pages it reads)."""
     copies = sum(info.bytes for layout, info in w.layouts.items() if LAYOUTS[layout].copies)
-    if w.layouts and all(LAYOUTS[layout].copies for layout in w.layouts):
+    if any(LAYOUTS[layout].copies for layout in w.layouts):
         copies -= layout_bytes("plain", w.format, tuple(w.shape))
     return copies
 

@@ -119,7 +119,8 @@ def test_launch_record():
 
 def test_names_and_members():
     assert matmul.kernel(["Q4_K", "Q4_K", "Q6_K"], False).name == "lp_cpu_matmul_q4_k_r16_q4_k_r16_q6_k_r16_seg3_res0"
-    assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_seg2_res0"
+    assert matmul.kernel(["Q5_0", "Q5_0"], False).name == "lp_cpu_matmul_q5_0_r16_seg2_res0"
+    assert matmul.kernel(["Q5_1", "Q5_1"], False).name == "lp_cpu_matmul_q5_1_seg2_res0"
     default = (matmul.DEFAULT_TASK_ROWS, matmul.DEFAULT_AHEAD, matmul.DEFAULT_COLS)
     assert matmul.schedule("t64") == (64, matmul.DEFAULT_AHEAD, 0) and matmul.schedule("") == default
     assert matmul.schedule("t8a0") == (8, 0, 0) and matmul.schedule("t8a3") == default

@@ -73,9 +73,9 @@ def test_launch_record():
                                    "args": [{"buf": 0}, {"weight": "output_norm.weight"},
                                             {"weight": "token_embd.weight"}, {"state": "mask"}],
                                    "outs": [{"buf": 1}]}), ctx)
-    assert ln.kernel.name == "lp_cpu_tail_argmax_q8_0"
+    assert ln.kernel.name == "lp_cpu_tail_argmax_q8_0_r16"
     assert wire(ln.args) == [{"buf": 0}, {"weight": "output_norm.weight"},
-                             {"weight": "token_embd.weight", "layout": "blocks"}, {"state": "mask"}, {"buf": 1},
+                             {"weight": "token_embd.weight", "layout": "rows16"}, {"state": "mask"}, {"buf": 1},
                              {"i32": "seqs"}, {"i32": 640}, {"i32": 262144}, {"f32": 1e-6}, {"i32": 64}, {"i32": 1},
                              {"i32": 0}]
     with pytest.raises(ValueError, match="takes q8_0 activations"):

@@ -21,10 +21,20 @@ def _values(vectors: np.ndarray) -> np.ndarray:
 
 def decode_rows16(fmt: str, data: np.ndarray, rows: int, k: int) -> np.ndarray:
     """The float32 weight [rows, k] a rows16 buffer holds."""
-    nsb, groups = k // 256, -(-rows // 16)
+    nsb, groups = k // FORMATS[fmt].block, -(-rows // 16)
     rec = data.reshape(groups, nsb, layouts.ROWS16_RECORD[fmt])
     d = rec[..., 0:32].copy().view(np.float16).astype(np.float32)[..., None]  # (group, sb, row, 1)
-    if fmt == "Q4_K":  # d sc u - dmin m per 32 values
+    if fmt == "Q8_0":  # d (u - 128), vectors (t, half, row, byte): value 16 half + 4t + byte
+        u = rec[..., 32:].reshape(groups, nsb, 4, 2, 16, 4).transpose(0, 1, 4, 3, 2, 5).reshape(groups, nsb, 16, 32)
+        w = d * (u.astype(np.float32) - 128)
+    elif fmt in ("Q4_0", "Q5_0"):  # d (u - 8) or d (u - 16); u's low nibbles values 4t + byte, high 16 + 4t + byte
+        v = rec[..., 32:288].reshape(groups, nsb, 4, 16, 4).transpose(0, 1, 3, 2, 4)  # (.., row, t, byte)
+        u = np.stack([v & 15, v >> 4], axis=-3).reshape(groups, nsb, 16, 32)  # (.., row, half, t, byte)
+        if fmt == "Q5_0":  # bit 4 half + t of the row's byte `byte`
+            qh = rec[..., 288:].reshape(groups, nsb, 16, 1, 1, 4)
+            u = u | ((qh >> np.arange(8, dtype=np.uint8).reshape(2, 4, 1) & 1) << 4).reshape(groups, nsb, 16, 32)
+        w = d * (u.astype(np.float32) - (16 if fmt == "Q5_0" else 8))
+    elif fmt == "Q4_K":  # d sc u - dmin m per 32 values
         dmin = rec[..., 32:64].copy().view(np.float16).astype(np.float32)[..., None]
         sc = np.repeat(np.swapaxes(rec[..., 64:192].reshape(groups, nsb, 8, 16), -1, -2), 32, axis=-1)
         m = rec[..., 192:320].reshape(groups, nsb, 4, 16, 2).transpose(0, 1, 3, 2, 4).reshape(groups, nsb, 16, 8)
@@ -43,14 +53,14 @@ def decode_rows16(fmt: str, data: np.ndarray, rows: int, k: int) -> np.ndarray:
     return w.transpose(0, 2, 1, 3).reshape(groups * 16, k)[:rows]  # (group, row, sb, value)
 
 
-@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K"])
+@pytest.mark.parametrize("fmt", ["Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0"])
 @pytest.mark.parametrize("rows", [16, 37])
 def test_rows16_holds_the_weight(fmt, rows):
     rng = np.random.default_rng(rows)
     k = 512
     raw = random_blocks(rng, fmt, rows, k).view(np.uint8).reshape(-1)
     data = layouts.make("rows16", raw, fmt, (rows, k))
-    size = -(-rows // 16) * 2 * layouts.ROWS16_RECORD[fmt]
+    size = -(-rows // 16) * (k // FORMATS[fmt].block) * layouts.ROWS16_RECORD[fmt]
     assert data.nbytes == layouts.layout_bytes("rows16", fmt, (rows, k)) == size
     want = dequantize(raw, FORMATS[fmt], (rows, k))
     np.testing.assert_allclose(decode_rows16(fmt, data, rows, k), want, rtol=1e-6, atol=1e-6 * np.abs(want).max())
@@ -58,8 +68,8 @@ def test_rows16_holds_the_weight(fmt, rows):
         assert not decode_rows16(fmt, data, 48, k)[rows:].any(), "rows past the weight's end are zero"
 
 
-def test_rows16_is_for_q4_k_and_q6_k():
-    with pytest.raises(ValueError, match="Q4_K and Q6_K weights, not Q5_K"):
+def test_rows16_is_for_q4_k_q6_k_q8_0_q4_0_and_q5_0():
+    with pytest.raises(ValueError, match="Q4_K, Q6_K, Q8_0, Q4_0, Q5_0 weights, not Q5_K"):
         layouts.layout_bytes("rows16", "Q5_K", (16, 256))
 
 

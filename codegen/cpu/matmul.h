@@ -5,9 +5,9 @@
 // the weight's quantized values with the packed 8-bit activations (q8_0 / q8_1 / q8_k, field planes as
 // in the arena: common.cuh lp_q8_rows), the per-block scales applied in float; f16 / bf16 / f32
 // weights meet f16 / bf16 / f32 activations in float. Weights are read in place: the bytes of the
-// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K and Q6_K,
-// which the runtime relays out once at load into 16-row records (weight codes LP_FMT_Q4_K_R16 and
-// LP_FMT_Q6_K_R16 of formats.h, rows16.h: their own engine, the same on every path).
+// mapped GGUF tensor, blocks as GGUF stores them (quant.cuh LpWeight<F, LP_BLOCKS>); but Q4_K, Q6_K,
+// Q8_0, Q4_0 and Q5_0, which the runtime relays out once at load into 16-row records (weight codes
+// LP_FMT_*_R16 of formats.h; rows16.h, rows16_q8.h: their own engine, the same on every path).
 //
 // Threads: a launch is split into tasks of `task_rows` consecutive weight rows of one segment (q|k|v,
 // gate|up are one launch; rows16 tasks rounded up to whole records); pool.h hands tasks to threads as
@@ -34,6 +34,7 @@
 #include "pool.h"
 #include "quant.cuh"
 #include "rows16.h"
+#include "rows16_q8.h"
 #include "simd.h"
 #include "tiles.h"
 #include "unpack.h"
@@ -55,9 +56,11 @@ struct Acts {
   const float* s = nullptr;       // q8_1: d * (exact sum of the block's values) [rows, k / 32]
   const int16_t* bsums = nullptr; // q8_k: [rows, k / 16]
   std::vector<float> own;         // storage of d and s where they are computed here
-  std::vector<int32_t> pairs, off; // q8_k: the sums rows16 records take (rows16.h r16_sums), where one is read
+  std::vector<int32_t> pairs, off; // the sums rows16 records take (rows16.h r16_sums, rows16_q8.h r16q8_sums), where one is read
   R16Col col(int c) const {
-    return R16Col{qs + (size_t)c * k, d + (size_t)c * (k / 256), pairs.data() + (size_t)c * (k / 64), off.data() + (size_t)c * (k / 16)};
+    const int8_t* x = qs + (size_t)c * k;
+    if (!bsums) return R16Col{x, d + (size_t)c * (k / 32), nullptr, off.data() + (size_t)c * (k / 32)};  // q8_0
+    return R16Col{x, d + (size_t)c * (k / 256), pairs.data() + (size_t)c * (k / 64), off.data() + (size_t)c * (k / 16)};
   }
 };
 
@@ -103,9 +106,9 @@ template <int FMT> inline size_t packed_bytes(int rows, int k) {
   else return 2 * n;
 }
 
-// the activation format each weight code takes (rows16 records: their format's, q8_k)
+// the activation format each weight code takes (rows16 records: their format's)
 template <int F> constexpr int act_of() {
-  if constexpr (is_r16<F>) return LP_ACT_Q8_K;
+  if constexpr (is_r16<F>) return R16Rec<F>::type::ACT;
   else return LpFormat<F>::ACT;
 }
 
@@ -592,8 +595,13 @@ inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Ac
   for (int i = 0; i < CT; ++i) cols[i] = a.col(c0 + i);
   for (int h = 0; h < R16 / L; ++h) {
     float v[CT][L];
-    if (a.rows == 1) r16_tile<VR16, Rec, CT, 4>(w, group, h, cols, v);
-    else r16_tile<VR16, Rec, CT, 1>(w, group, h, cols, v);
+    if constexpr (is_b32<Rec>) {
+      if (a.rows == 1) r16_b32_tile<VR16, Rec, CT, 4>(w, group, h, cols, v);
+      else r16_b32_tile<VR16, Rec, CT, 1>(w, group, h, cols, v);
+    } else {
+      if (a.rows == 1) r16_tile<VR16, Rec, CT, 4>(w, group, h, cols, v);
+      else r16_tile<VR16, Rec, CT, 1>(w, group, h, cols, v);
+    }
     for (int i = 0; i < CT; ++i)
       for (int r = 0; r < L && L * h + r < rows_here; ++r) out(R16 * group + L * h + r, c0 + i, v[i][r]);
   }
@@ -604,12 +612,18 @@ inline void r16_columns(const Rows16<Rec>& w, int group, int rows_here, const Ac
 // engine's scalar twin (tiles.h), which the tests hold to the other paths' bits.
 enum R16Engine { R16_PATH, R16_TWIN };
 
+// the tile engine of records Rec (tiles.h, rows16_q8.h) on tiles T
+template <class T, class Rec, class Out> inline void r16_tile_engine(const Rows16<Rec>& w, int r0, int r1, const Acts& a, Out& out) {
+  if constexpr (is_b32<Rec>) r16_b32_tiles<T>(w, r0, r1, a, out);
+  else r16_tiles<T>(w, r0, r1, a, out);
+}
+
 template <class Rec, R16Engine E, class Out>
 inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, Out& out) {
-  const Rows16<Rec> w{(const uint8_t*)raw, a.k / 256};
-  if constexpr (E == R16_TWIN) return r16_tiles<TwinTiles>(w, r0, r1, a, out);
+  const Rows16<Rec> w{(const uint8_t*)raw, a.k / Rec::VALUES};
+  if constexpr (E == R16_TWIN) return r16_tile_engine<TwinTiles>(w, r0, r1, a, out);
 #if LP_CPU_ISA >= 3
-  if (a.rows > CT_R16_MAX) return r16_tiles<AmxTiles>(w, r0, r1, a, out);
+  if (a.rows > CT_R16_MAX) return r16_tile_engine<AmxTiles>(w, r0, r1, a, out);
 #endif
   for (int group = r0 / R16; R16 * group < r1; ++group) {
     const int rows_here = lp_min(R16, r1 - R16 * group);
@@ -620,7 +634,8 @@ inline void rows_r16(const void* raw, int r0, int r1, const Acts& a, int cols, O
 #else
     for (int c = 0; c < a.rows; ++c) {
       float v[R16];
-      r16_scalar(w, group, a.col(c), v);
+      if constexpr (is_b32<Rec>) r16_b32_scalar(w, group, a.col(c), v);
+      else r16_scalar(w, group, a.col(c), v);
       for (int r = 0; r < rows_here; ++r) out(R16 * group + r, c, v[r]);
     }
 #endif
@@ -667,7 +682,10 @@ inline int project(const void* x, const void* const* w, const int* n, int rows, 
   for (int s = 0; s < NSEG; ++s) first[s + 1] = first[s] + (n[s] + tr[s] - 1) / tr[s];
   Acts a;
   make_acts<ACT>(a, x, rows, k);
-  if constexpr (is_r16<F0> || is_r16<F1> || is_r16<F2>) r16_sums(a.bsums, rows, k, a.pairs, a.off);
+  if constexpr (is_r16<F0> || is_r16<F1> || is_r16<F2>) {
+    if constexpr (ACT == LP_ACT_Q8_K) r16_sums(a.bsums, rows, k, a.pairs, a.off);
+    else r16q8_sums(a.qs, rows, k, a.off);
+  }
   lp_parallel(first[NSEG], [&](int t) {
     int s = 0;
     while (t >= first[s + 1]) ++s;

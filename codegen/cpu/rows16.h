@@ -1,5 +1,6 @@
 // rows16.h: Q4_K and Q6_K projections held in 16-row records (layout "rows16", core/layouts.py makes
-// it once at load from the file's blocks), the engine matmul.h runs for them.
+// it once at load from the file's blocks), the engine matmul.h runs for them (Q8_0's, Q4_0's and Q5_0's
+// records and engine: rows16_q8.h, on this header's vectors).
 //
 // Why a relayout: read in place, a K-quant super-block's scales are unpacked for every weight row, and
 // each 16 values go through vpmaddubsw plus a scaled vpdpwssd, then a float epilogue per row (matmul.h
@@ -37,16 +38,18 @@
 
 namespace lp_cpu {
 
-// the records' weight codes (LP_FMT_Q4_K_R16, LP_FMT_Q6_K_R16), rows and bytes come from formats.h
+// the records' weight codes (LP_FMT_Q4_K_R16, LP_FMT_Q6_K_R16; rows16_q8.h's), rows and bytes come
+// from formats.h
 constexpr int R16 = LP_ROWS16;
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
-// int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset).
+// int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset); or
+// (rows16_q8.h's records) q8_0 values and scales, and the block sums.
 struct R16Col {
   const int8_t* x;       // [k]
-  const float* dk;       // [k / 256]
-  const int32_t* pairs;  // [k / 64]
-  const int32_t* off;    // [k / 16]
+  const float* dk;       // [k / 256]; q8_0: [k / 32]
+  const int32_t* pairs;  // [k / 64]; q8_0: none
+  const int32_t* off;    // [k / 16]; q8_0: [k / 32]
 };
 
 // those sums of `rows` q8_k rows, from their 16-value sums
@@ -65,6 +68,7 @@ inline float r16_half(const uint8_t* p, int r) { return lp_h2f(((const lp_half*)
 
 struct K4 {
   static constexpr int BYTES = LpRows16<LP_FMT_Q4_K_R16>::BYTES, SUB = LpFormat<LP_FMT_Q4_K>::SB;
+  static constexpr int VALUES = 256, ACT = LP_ACT_Q8_K;  // a record's values of a row; the activations
   static constexpr bool NARROW = true;  // a sub-block's products fit int16 pairs: 8 x 2 x 15 x 128 = 30720
   static constexpr int D = 0, DMIN = 32, SC = 64, M = 192, QS = 320;
   static_assert(QS + 4 * 8 * R16 * 4 == BYTES, "the fields fill the record");
@@ -85,6 +89,7 @@ struct K4 {
 
 struct K6 {
   static constexpr int BYTES = LpRows16<LP_FMT_Q6_K_R16>::BYTES, SUB = LpFormat<LP_FMT_Q6_K>::SB;
+  static constexpr int VALUES = 256, ACT = LP_ACT_Q8_K;
   static constexpr bool NARROW = false;  // 4 x 2 x 63 x 128 does not fit int16
   static constexpr int D = 0, SC = 32, Q = 288;
   static_assert(Q + 2 * 1536 == BYTES, "the fields fill the record");
@@ -114,7 +119,7 @@ template <int F> constexpr bool is_r16 = !std::is_void_v<typename R16Rec<F>::typ
 
 template <class Rec> struct Rows16 {
   const uint8_t* base;
-  int nsb;  // super-blocks per row
+  int nsb;  // records per row (k / Rec::VALUES)
   const uint8_t* rec(int group, int sb) const { return base + ((size_t)group * nsb + sb) * Rec::BYTES; }
 };
 
@@ -171,7 +176,7 @@ inline void r16_make(K6, const void* blocks, int rows, int k, int group, int sb,
 
 // row groups [g0, g1) (rows past the weight's end zero)
 template <class Rec> inline void r16_make_groups(const void* blocks, int rows, int k, int g0, int g1, void* out) {
-  const Rows16<Rec> w{(const uint8_t*)out, k / 256};
+  const Rows16<Rec> w{(const uint8_t*)out, k / Rec::VALUES};
   lp_parallel(g1 - g0, [&](int i) {
     for (int sb = 0; sb < w.nsb; ++sb) {
       uint8_t* rec = (uint8_t*)w.rec(g0 + i, sb);

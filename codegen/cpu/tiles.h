@@ -14,6 +14,7 @@
 //      path takes them (rows16.h RecV / Rec: the same integers, the same float operations in the same
 //      order), so the amx path and its twin give the other paths' bits, and a row's result never depends
 //      on the activation rows beside it.
+// Q8_0's records need no unpacking: their values are B as they are (rows16_q8.h r16_tiles).
 // A task configures the tiles for its block heights (ldtilecfg) and releases them when done. Using the
 // tiles needs the kernel's permission, which cpu_build.host_isas asks for the process (arch_prctl) before
 // it offers the amx path.

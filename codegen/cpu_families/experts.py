@@ -1,6 +1,6 @@
 """The routed experts' projections on the CPU (codegen/cpu/experts.h): ops matmul_experts and
 matmul_experts_residual, every weight format the projections read, in the projections' layouts (Q4_K and
-Q6_K as rows16 records, matmul.RELAYOUT; the rest in place), so each expert is a projection of its own:
+Q6_K as rows16 records, RELAYOUT; the rest in place), so each expert is a projection of its own:
 its rows of the [experts, n, k] tensor, read once per step for every row routed to it. Operands and
 arguments as codegen/operands.py's experts contract says, then the grouping scratch, then the
 projections' schedule (task_rows, ahead, cols; members: the matmul family's). CPU twin:
@@ -22,8 +22,17 @@ from .. import operands
 from ..build import BuildError
 from ..kernel import Context, Kernel, KernelLaunch
 from ..operands import MAX_EXPERTS, Arg, declare, experts_params, refs
-from .matmul import SCHEDULE_PARAMS, layout, schedule_args, weight_code, weight_token
+from . import matmul
+from .matmul import SCHEDULE_PARAMS, schedule_args
 from .matmul import candidates as candidates  # each expert is read as a projection weight: the same members
+
+# the records experts.h reads (an expert's offset counts 256-value super-blocks): the K-quants'; the
+# 32-value blocks' records (rows16_q8.h) are the projections' alone
+RELAYOUT = {fmt: matmul.RELAYOUT[fmt] for fmt in ("Q4_K", "Q6_K")}
+
+
+def layout(fmt: str) -> str:
+    return matmul.layout(fmt, RELAYOUT)
 
 
 def grouping_params(residual: bool) -> tuple[tuple[str, str], ...]:
@@ -33,8 +42,8 @@ def grouping_params(residual: bool) -> tuple[tuple[str, str], ...]:
 
 def kernel(fmt: str, residual: bool) -> Kernel:
     op = "matmul_experts_residual" if residual else "matmul_experts"
-    name = f"lp_cpu_{op}_{weight_token(fmt)}"
-    call = (f"lp_cpu::matmul_experts<{weight_code(fmt)}, {'true' if residual else 'false'}, {MAX_EXPERTS}>(x, w, ids, "
+    name = f"lp_cpu_{op}_{matmul.weight_token(fmt, RELAYOUT)}"
+    call = (f"lp_cpu::matmul_experts<{matmul.weight_code(fmt, RELAYOUT)}, {'true' if residual else 'false'}, {MAX_EXPERTS}>(x, w, ids, "
             f"{'weights, r' if residual else 'nullptr, nullptr'}, y, groups, xg, {'ys' if residual else 'nullptr'}, "
             "rows, k, n, experts, top, sliced, task_rows, ahead, cols)")
     params = (*experts_params(residual), *grouping_params(residual), *SCHEDULE_PARAMS)

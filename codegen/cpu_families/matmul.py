@@ -8,7 +8,7 @@ threads take as they come free; each task streams its rows of the weight once fo
 
 Operands and arguments as codegen/operands.py's projection contract says (x packed q8_0 / q8_1 / q8_k,
 or f16 / bf16 / f32 values for float weights; the residual may be the output itself), the weights in
-layout "blocks" (the tensor's bytes in the mapped GGUF) or "rows16" for Q4_K and Q6_K (RELAYOUT); then
+layout "blocks" (the tensor's bytes in the mapped GGUF) or "rows16" for Q4_K, Q6_K, Q8_0, Q4_0 and Q5_0 (RELAYOUT); then
 the schedule: task_rows, ahead, cols.
 
 Members: a schedule, "t<rows>[a<tiles>][c<cols>]": weight rows per task (TASK_ROWS); how many register
@@ -47,13 +47,13 @@ SCHEDULE_PARAMS = (("int", "task_rows"), ("int", "ahead"), ("int", "cols"))
 # Formats the projections read in a layout made once at load, not in place: (layout, the kernel's weight
 # code, its name in kernel names): rows16 records (codegen/cpu/rows16.h), measured faster than in place
 # for every shape of tiny-llama3 and gemma3-270m, one row and 128 (docs/benchmarks.md).
-RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K")}
+RELAYOUT = {fmt: ("rows16", format_header.rows16_code(fmt), f"{fmt.lower()}_r16") for fmt in ("Q4_K", "Q6_K", "Q8_0", "Q4_0", "Q5_0")}
 
 
-def layout(fmt: str) -> str:
-    """The layout a projection's kernel reads a weight of `fmt` in: RELAYOUT's, else the mapped file's
-    blocks in place."""
-    return RELAYOUT[fmt][0] if fmt in RELAYOUT else "blocks"
+def layout(fmt: str, relayout: dict = RELAYOUT) -> str:
+    """The layout a projection's kernel reads a weight of `fmt` in: `relayout`'s (a family that reads
+    fewer formats' records passes its part of RELAYOUT), else the mapped file's blocks in place."""
+    return relayout[fmt][0] if fmt in relayout else "blocks"
 
 
 def held(ref: Weight, fmt: str) -> Weight:
@@ -61,14 +61,14 @@ def held(ref: Weight, fmt: str) -> Weight:
     return Weight(ref.name, layout(fmt))
 
 
-def weight_code(fmt: str) -> str:
+def weight_code(fmt: str, relayout: dict = RELAYOUT) -> str:
     """The C++ weight code of a projection weight of format `fmt` as held()."""
-    return RELAYOUT[fmt][1] if fmt in RELAYOUT else format_header.weight_code(fmt)
+    return relayout[fmt][1] if fmt in relayout else format_header.weight_code(fmt)
 
 
-def weight_token(fmt: str) -> str:
+def weight_token(fmt: str, relayout: dict = RELAYOUT) -> str:
     """Its name in kernel names."""
-    return RELAYOUT[fmt][2] if fmt in RELAYOUT else fmt.lower()
+    return relayout[fmt][2] if fmt in relayout else fmt.lower()
 
 
 def member(rows: int, ahead: int, cols: int = DEFAULT_COLS) -> str:

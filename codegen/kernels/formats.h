@@ -127,8 +127,14 @@ static constexpr uint32_t LP_IQ4_W0 = 0xbfad9881u,
 enum LpRows16Format {
   LP_FMT_Q4_K_R16 = 268,
   LP_FMT_Q6_K_R16 = 270,
+  LP_FMT_Q8_0_R16 = 264,
+  LP_FMT_Q4_0_R16 = 258,
+  LP_FMT_Q5_0_R16 = 262,
 };
 enum { LP_ROWS16 = 16 };
 template <int F> struct LpRows16;
 template <> struct LpRows16<LP_FMT_Q4_K_R16> { static constexpr int BYTES = 2368; };
 template <> struct LpRows16<LP_FMT_Q6_K_R16> { static constexpr int BYTES = 3360; };
+template <> struct LpRows16<LP_FMT_Q8_0_R16> { static constexpr int BYTES = 544; };
+template <> struct LpRows16<LP_FMT_Q4_0_R16> { static constexpr int BYTES = 288; };
+template <> struct LpRows16<LP_FMT_Q5_0_R16> { static constexpr int BYTES = 352; };
