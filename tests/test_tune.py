@@ -190,6 +190,16 @@ def test_tokens_and_logits_are_identical_whatever_the_store_chose(tmp_path, path
         assert np.array_equal(got[0].prompt_logits, want[0].prompt_logits), pick
 
 
+def test_tune_probes_the_experts_schedules(cli, tmp_path):
+    """`plan tune` on a mixture of experts: the experts' launches run on random routing with their
+    grouping scratch bound, every candidate checked bit for bit, and each decision recorded."""
+    code, out, err = cli("tune", MOE, "--tune-dir", tmp_path / "store", *FAST, "--json")
+    assert code == 0, err
+    rows = [r for r in json.loads(out)["decisions"] if "experts" in r["decision"]]
+    assert len(rows) >= 2 and all(r["provenance"].startswith(("measured: entry ", "tie: entry ")) for r in rows)
+    assert all(r["chosen"] in r["medians"] and not r["rejected"] for r in rows)
+
+
 TWO_PATHS = pytest.mark.skipif(not cpu_build.available() or len(cpu_native.isa_candidates()) < 2,
                                reason="no SIMD path to choose here (one besides scalar, or no compiler)")
 

@@ -13,7 +13,8 @@ import numpy as np
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core import numerics as num
-from llmplan.core.plan_records import F32, I32, Buf, KernelCall, Ref, State
+from llmplan.core.formats import value_bytes
+from llmplan.core.plan_records import F32, I32, Buf, KernelCall, Ref, Scratch, State
 from llmplan.core.tune_store import Verdict
 from llmplan.plans import cpu_decisions
 from llmplan.plans.cpu_decisions import DEFAULT, Decision, Panels, Probes, Projection, Strategy
@@ -82,6 +83,9 @@ def probe_schedules(kind: NativeTasks, d: Decision, cands: list[Schedule], round
             b = phase.buffers[ref.index]
             shp = tuple(x if isinstance(x, int) else dims[x] for x in b.shape)
             return arrays.setdefault(f"buf{ref.index}", random_operand(b.dtype, shp, rng))
+        if isinstance(ref, Scratch):  # the experts' grouping buffers: written before they are read
+            shp = tuple(x if isinstance(x, int) else dims[x] for x in ref.shape)
+            return arrays.setdefault(f"scratch:{ref.name}", np.zeros(value_bytes(ref.dtype, shp), np.uint8))
         key = (ref.name, ref.layout)
         if key not in held:
             t = kind.file.weight(ref.name)
