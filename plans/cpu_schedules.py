@@ -2,9 +2,10 @@
 task, the one-row engines' prefetch distance and the activation rows a pass over rows16 records takes.
 
 The matmul and tail kernels (codegen/cpu_families/matmul.py, tail.py) split a projection's out rows
-into tasks of `task_rows` consecutive rows that the pool's threads take as they come free, and with one
-activation row (decode) prefetch each weight block `ahead` register tiles before they read it (weights
-read in place), and over rows16 records (codegen/cpu/rows16.h) take `cols` activation rows a pass; every
+into tasks of `task_rows` consecutive rows (each of the pool's threads runs a contiguous share of them,
+then takes the back half of a share not yet done: codegen/cpu/pool.h), and with one activation row
+(decode) prefetch each weight block `ahead` register tiles before they read it (weights read in
+place), and over rows16 records (codegen/cpu/rows16.h) take `cols` activation rows a pass; every
 member (t8 .. t64, t16a0 .. t16a4, t16c2 .. t16c6: each varied alone from the defaults) gives the same
 bits, since each row's dot products are summed in one fixed order. Members that cannot differ from the
 default for a projection are not measured: a prefetch distance where every weight is in rows16 records,

@@ -147,7 +147,7 @@ inline Pool& pool() {
   return *p;
 }
 
-// more tasks than a ticket can count are folded: task t runs tasks t, t + MAX, ...
+// more tasks than a share's 20-bit fields count are folded: task t runs tasks t, t + MAX, ...
 constexpr int MAX_TASKS = (1 << 20) - 1;
 
 template <class F> inline void lp_parallel(int tasks, F f) {
