@@ -575,7 +575,8 @@ inline void rows_simd(const LpWeight<F, LP_BLOCKS>& w, const void* raw, int r0, 
 // Tiles of a record's rows x CT activation rows: one row (decode) keeps 4 independent sums per
 // sub-block (rows16.h r16_tile); more take `cols` rows a pass (the tune store's decision; 0: CT_R16, at most CT_R16_MAX), one
 // group at a time. Each lane's steps are the same at any width, so the width never changes a bit. A
-// task's records are one stream: no prefetch.
+// task's records are one stream, which the one-row pass requests R16_AHEAD bytes ahead (Q8_0's records
+// none); the `ahead` schedule is for blocks read in place.
 #if LP_CPU_ISA >= 2
 using VR16 = V512;
 constexpr int CT_R16 = 4;

@@ -42,6 +42,12 @@ namespace lp_cpu {
 // from formats.h
 constexpr int R16 = LP_ROWS16;
 
+// The bytes a one-row pass requests ahead of its reads, into L2: with the unpacking between its loads a
+// core keeps too few of them in flight for the hardware prefetchers alone (alternated A/B, 2 threads:
+// a 255 MB Q6_K head from memory 1.22-1.32x; llama3-8b's whole decode 1.04x and tiny-llama3's, held in
+// the last-level cache, 1.06x, medians of 12 and 16 pairs). Q8_0's lighter records lose with it.
+constexpr int R16_AHEAD = 8192;
+
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
 // int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset); or
 // (rows16_q8.h's records) q8_0 values and scales, and the block sums.
@@ -72,7 +78,6 @@ struct K4 {
   static constexpr bool NARROW = true;  // a sub-block's products fit int16 pairs: 8 x 2 x 15 x 128 = 30720
   static constexpr int D = 0, DMIN = 32, SC = 64, M = 192, QS = 320;
   static_assert(QS + 4 * 8 * R16 * 4 == BYTES, "the fields fill the record");
-  static constexpr int AHEAD = 0;  // the hardware prefetchers keep up (K6's AHEAD)
   static void u4(const uint8_t* rec, int r, int v, int (&u)[4]) {  // values v .. v + 3 (v % 4 == 0) of row r
     const int g = v / 64, h = v % 64 / 32, t = v % 32 / 4;
     const uint8_t* p = rec + QS + ((g * 8 + t) * R16 + r) * 4;
@@ -94,10 +99,6 @@ struct K6 {
   static constexpr bool NARROW = false;  // 4 x 2 x 63 x 128 does not fit int16
   static constexpr int D = 0, SC = 32, Q = 288;
   static_assert(Q + 2 * 1536 == BYTES, "the fields fill the record");
-  // bytes a one-row pass requests ahead of its reads, into L2: the 6-bit values' unpacking is slow enough
-  // that the hardware prefetchers alone leave the loads waiting (2 threads streaming a 255 MB head from
-  // memory: 1.22-1.32x with 8 KB, alternated A/B; Q4_K's lighter work gained nothing measurable)
-  static constexpr int AHEAD = 8192;
   // the vectors' offsets: per 128 values G, the low bits of group 2G interleaved with the high bits,
   // then group 2G + 1's low bits (a one-row pass reads the record in address order)
   static int ql(int g, int t) { return Q + (g / 2) * 1536 + (g % 2 ? 1024 + 64 * t : 128 * t); }
@@ -348,9 +349,9 @@ inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)
 #pragma unroll
         for (int t = CHUNKS * q; t < CHUNKS * (q + 1); ++t) {
           typename V::I u0, u1;
-          if constexpr (CT == 1 && Rec::AHEAD > 0)
+          if constexpr (CT == 1)
             if (h == 0) {  // two lines per step cover the record's 32 steps; the next records follow it
-              const char* ahead = (const char*)rec + (g * 8 + t) * Rec::BYTES / 32 + Rec::AHEAD;
+              const char* ahead = (const char*)rec + (g * 8 + t) * Rec::BYTES / 32 + R16_AHEAD;
               _mm_prefetch(ahead, _MM_HINT_T1);
               _mm_prefetch(ahead + 64, _MM_HINT_T1);
             }
