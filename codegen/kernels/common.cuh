@@ -68,38 +68,26 @@ __device__ __forceinline__ float lp_half_lo(uint32_t w) { return lp_bits_h2f((ui
 __device__ __forceinline__ float lp_half_hi(uint32_t w) { return lp_bits_h2f((uint16_t)(w >> 16)); }
 
 // Single IEEE operations that the compiler may not fuse with their neighbours (nvcc contracts a*b+c
-// into an FMA by default; clang's HIP default does too, except where a pragma says otherwise).
+// into an FMA by default; clang's HIP default does too, except where a pragma says otherwise), in float
+// and (lp_exp64) double.
 #if defined(LP_CUDA)
 __device__ __forceinline__ float lp_mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float lp_add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float lp_sub_rn(float a, float b) { return __fsub_rn(a, b); }
-#else
-__device__ __forceinline__ float lp_mul_rn(float a, float b) {
-  #pragma clang fp contract(off)
-  return a * b;
-}
-__device__ __forceinline__ float lp_add_rn(float a, float b) {
-  #pragma clang fp contract(off)
-  return a + b;
-}
-__device__ __forceinline__ float lp_sub_rn(float a, float b) {
-  #pragma clang fp contract(off)
-  return a - b;
-}
-#endif
-
-// The same in double, for lp_exp64.
-#if defined(LP_CUDA)
 __device__ __forceinline__ double lp_mul_rn(double a, double b) { return __dmul_rn(a, b); }
 __device__ __forceinline__ double lp_add_rn(double a, double b) { return __dadd_rn(a, b); }
 #else
-__device__ __forceinline__ double lp_mul_rn(double a, double b) {
+template <class T> __device__ __forceinline__ T lp_mul_rn(T a, T b) {
   #pragma clang fp contract(off)
   return a * b;
 }
-__device__ __forceinline__ double lp_add_rn(double a, double b) {
+template <class T> __device__ __forceinline__ T lp_add_rn(T a, T b) {
   #pragma clang fp contract(off)
   return a + b;
+}
+template <class T> __device__ __forceinline__ T lp_sub_rn(T a, T b) {
+  #pragma clang fp contract(off)
+  return a - b;
 }
 #endif
 
