@@ -88,6 +88,15 @@ inline Vf vexp(Vf x) {
   const Vf y = vfma(p, r2, vfma(r, vset(1.0f), vset(1.0f)));
   return vscale2(y, n);
 }
+
+// A decode step reads a slice's K and V rows cold (the weights streamed since have evicted them): 2d bytes
+// a position at a stride of kv_dim halves, too sparse for the hardware prefetchers to run ahead. The score
+// pass requests its K rows KV_AHEAD positions ahead, and the V rows the second pass reads, into L2
+// (llama3-8b at 140 positions, alternated steps: attention_partial 3.0 -> 2.2 ms a step).
+constexpr int KV_AHEAD = 8;
+inline void prefetch_row(const lp_half* p, int d) {
+  for (int b = 0; b < 2 * d; b += 64) _mm_prefetch((const char*)p + b, _MM_HINT_T1);
+}
 #endif
 
 // sum_d q[d] k[d] in order (the scalar path)
@@ -120,6 +129,8 @@ inline void slice(const Attn& a, int r, int h, int lo, int hi, const float* qh, 
   const int dv = d / VL * VL;
   for (int t = 0; t < n; ++t) {
     const lp_half* krow = row(kp, lo + t);
+    if (t + KV_AHEAD < n) prefetch_row(row(kp, lo + t + KV_AHEAD), d);
+    prefetch_row(row(vp, lo + t), d);
     Vf sum[G];
     for (int g = 0; g < G; ++g) sum[g] = vzero();
     for (int i = 0; i < dv; i += VL) {
