@@ -189,8 +189,9 @@ class CpuLibrary:
         """An entry point and its parameter types."""
         return getattr(self.lib, name), self._types[name]
 
-    def replayer(self, calls: list[tuple[str, tuple]]) -> Callable[[], None]:
-        """One call that runs these (entry point, argument values) in order (graph.h lp_cpu_replay)."""
+    def replayer(self, calls: list[tuple[str, tuple]]) -> Callable[..., None]:
+        """One call that runs these (entry point, argument values) in order (graph.h lp_cpu_replay); given
+        a uint64 array of len(calls) + 1, it writes the clock (ns) before the first call and after each."""
         words, at = [], []
         for name, values in calls:
             types = self._types[name]
@@ -201,11 +202,13 @@ class CpuLibrary:
                        np.uint64)
         args, at = np.array(words, np.uint64), np.array(at, np.int32)
         replay, n = self.lib.lp_cpu_replay, len(calls)
-        replay.restype, replay.argtypes = None, [ctypes.c_int] + [ctypes.c_void_p] * 3
+        replay.restype, replay.argtypes = None, [ctypes.c_int] + [ctypes.c_void_p] * 4
         pointers = (fns.ctypes.data, args.ctypes.data, at.ctypes.data)
 
-        def run() -> None:
-            replay(n, *pointers)
+        def run(ns: np.ndarray | None = None) -> None:
+            if ns is not None and not (ns.dtype == np.uint64 and ns.shape == (n + 1,) and ns.flags.c_contiguous):
+                raise ValueError(f"the replay's clock readings take a contiguous uint64 array of {n + 1}")
+            replay(n, *pointers, None if ns is None else ns.ctypes.data)
 
         run.keep = (fns, args, at)
         return run

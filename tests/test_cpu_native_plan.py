@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -201,6 +202,32 @@ def test_a_replayed_decode_step_is_one_native_call_and_changes_no_bit(tmp_path_f
     assert got_ids == want_ids and all(np.array_equal(g, w) for g, w in zip(got_rows, want_rows))
     buckets = [b for b in replayed.executor.buckets.values() if b.graphs is not None]
     assert sum(b.steps for b in buckets) >= 3 and all(len(g.steps) == 1 for b in buckets for g in b.graphs)
+
+
+@each_compiler
+def test_a_timed_replay_runs_the_step_and_times_each_call(tmp_path_factory):
+    """The profile's timed replay (cpu driver timed_replay, graph.h's clock readings) runs a decode step's
+    calls as the step does: the same logits bit for bit, and a time for each call, together within the
+    wall time of the replay."""
+    engine = Engine.load(_engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1]).plan_path, replay=False)
+    ids = engine.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+    toks, _ = _greedy(engine, ids, 2)
+    ex = engine.executor
+    state = {"tokens": np.array([toks[-1]], np.int32), "pos": np.array([len(ids) + 1], np.int32),
+             "seq": np.zeros(1, np.int32), "pages": np.arange(pages_for(CTX), dtype=np.int32)[None, :]}
+    want = ex.run("decode", state, {"cache", "logits"})["logits"].copy()
+    dims = ex.step_dims("decode", 1, 1)
+    ex.write_state("decode", state, dims)
+    calls = [c for _, c in ex.calls("decode", dims, {"cache", "logits"})]
+    logits = ex.region("decode", ex.phases["decode"].outputs["logits"], dims)
+    ex.driver.write(logits, np.full(want.shape, np.nan, np.float32))  # what the replay must overwrite
+    timed = ex.driver.timed_replay(calls)
+    t0 = time.perf_counter()
+    seconds = timed()
+    wall = time.perf_counter() - t0
+    got = ex.driver.read(logits).result()
+    assert np.array_equal(got, want)
+    assert seconds.shape == (len(calls),) and (seconds >= 0).all() and 0 < seconds.sum() <= wall
 
 
 @each_compiler

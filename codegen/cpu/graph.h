@@ -5,6 +5,7 @@
 #pragma once
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "host.h"
 
@@ -18,7 +19,19 @@ inline float lp_word_f32(uint64_t w) {
   return f;
 }
 
-// call i runs fns[i] on the words args[at[i]] ..
-LP_KERNEL void lp_cpu_replay(int n, const lp_packed_fn* fns, const uint64_t* args, const int* at) {
-  for (int i = 0; i < n; ++i) fns[i](args + at[i]);
+inline uint64_t lp_clock_ns() {
+  timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+// call i runs fns[i] on the words args[at[i]] ..; with `ns` (n + 1 words), the clock before the first
+// call and after each: a step's time by call as the replay spends it, which timing each launch through
+// Python (a few microseconds of ctypes, a cold pool) does not give for the small ones
+LP_KERNEL void lp_cpu_replay(int n, const lp_packed_fn* fns, const uint64_t* args, const int* at, uint64_t* ns) {
+  if (ns) ns[0] = lp_clock_ns();
+  for (int i = 0; i < n; ++i) {
+    fns[i](args + at[i]);
+    if (ns) ns[i + 1] = lp_clock_ns();
+  }
 }
