@@ -15,7 +15,9 @@ resident memory of `plan run` on the plan (a child process: the mapped file's pa
 arena, the K/V cache, tables) and what `plan inspect` says it holds beyond the mapped file.
 The machine's read bandwidth (read_bandwidth.py: a stream over 0.5 GiB on --threads threads) is measured
 before each of our runs, and the decode is given as a fraction of it: the bytes a decoded token reads
-(`plan info`) x decode tokens/s / the median read bandwidth.
+(`plan info`) x decode tokens/s / the median read bandwidth. Then, as a second view on a machine whose
+bandwidth moves within a run, 24 decode steps each come right after one stream, and each step's rate is
+taken over that stream's (paired_steps; for models reading 256 MiB a token or more).
 `--seqs N` also times batched decode steps of N sequences through the engine (the decode-batch
 phase; scripts/bench_engine.py has the full table). `--tune-dir DIR` measures the plan
 whose decisions come from that tune store (probing what it lacks) next to the heuristic's plan, run
@@ -57,6 +59,10 @@ def _prompt(tokenizer, n: int) -> list[int]:
 # (our pool between launches, llama.cpp's OpenMP workers after a parallel region) and took 3-4 ms off
 # whichever prefill ran next (tiny-llama3's: 12.2-12.9 ms right after a llama.cpp run, 8.4-9.0 ms else)
 SETTLE_S = 0.05
+# decode steps each paired with a read stream right before it (paired_steps), for models reading at least
+# PAIRED_MIN_BYTES a token: a smaller one's weights stay in the last-level cache between steps, and the
+# stream before each step would evict them
+PAIRED_STEPS, PAIRED_MIN_BYTES = 24, 256 << 20
 
 
 def compile_plan(model: str, ctx: int, seqs: int = 1, tune_dir: str | None = None, isa: str | None = None):
@@ -145,6 +151,27 @@ def profile(engine, ids: list[int], n_decode: int) -> dict[str, dict[str, float]
                               "seq": np.zeros(1, np.int32), "pages": pages}, {"cache", "next_token"})
         tok = int(out["next_token"][0])
     return {ph: {op: round(s, 4) for op, s in sorted(d.items(), key=lambda kv: -kv[1])} for ph, d in seconds.items()}
+
+
+def paired_steps(engine, start: int, read, steps: int) -> tuple[list[float], list[float]]:
+    """(GB/s of one read stream, seconds of the decode step right after it) for `steps` steps of one
+    sequence from position `start` (after profile()'s), through the executor as the engine steps it
+    (replayed from the second). Each step meets the bus the stream just measured: on a machine whose
+    read bandwidth moves from second to second (a shared VM), the runs' figure divides a median of decode
+    rates by a median of best-of-3 streams taken seconds apart."""
+    from llmplan.core.numerics import pages_for
+
+    ex = engine.executor
+    pages = np.arange(pages_for(engine.header.limits.ctx), dtype=np.int32)[None, :] % ex.kv_blocks
+    reads, seconds, tok = [], [], 0
+    for k in range(steps):
+        state = {"tokens": np.array([tok], np.int32), "pos": np.array([start + k], np.int32),
+                 "seq": np.zeros(1, np.int32), "pages": pages}
+        reads.append(read(1))
+        t0 = time.perf_counter()
+        tok = int(ex.run("decode", state, {"cache", "next_token"})["next_token"][0])
+        seconds.append(time.perf_counter() - t0)
+    return reads, seconds
 
 
 def weight_bytes_by_op(engine) -> dict[str, int]:
@@ -249,9 +276,6 @@ def main() -> None:
     ours["decode_weights_gb_s"] = {op: round(b * (args.decode - 1) / decode_s[op] / 1e9, 2)
                                    for op, b in weight_bytes_by_op(engines["heuristic"][0]).items()
                                    if op.startswith(("matmul", "tail")) and decode_s.get(op)}
-    for p in plans.values():
-        p.pop("ids")
-    del read
     token_bytes = describe(model)["decode_bytes_per_token"]
     read_gb_s = float(np.median(reads))
     result |= {"llmplan_cpu": ours, "llama_cpp": theirs,
@@ -259,6 +283,17 @@ def main() -> None:
                             "decode_bytes_per_token": token_bytes,
                             "decode_gb_s": round(token_bytes * ours["decode_tok_s"] / 1e9, 2),
                             "decode_of_read": round(token_bytes * ours["decode_tok_s"] / 1e9 / read_gb_s, 3)}}
+    start = len(ours["ids"]) + args.decode
+    if token_bytes >= PAIRED_MIN_BYTES and start < ctx:
+        paired_reads, paired_s = paired_steps(engines["heuristic"][0], start, read, min(PAIRED_STEPS, ctx - start))
+        paired = np.array([token_bytes / t / 1e9 / r for r, t in zip(paired_reads, paired_s)])
+        result["roofline"]["paired_steps"] = {
+            "steps": len(paired), "read_gb_s": [round(r, 2) for r in paired_reads],
+            "step_s": [round(t, 5) for t in paired_s], "decode_of_read_median": round(float(np.median(paired)), 3),
+            "decode_of_read_range": [round(float(paired.min()), 3), round(float(paired.max()), 3)]}
+    for p in plans.values():
+        p.pop("ids")
+    del read
     if "tuned" in plans:
         result["llmplan_cpu_tuned"] = plans["tuned"]
         result["tuned_over_heuristic"] = {k: round(plans["tuned"][k] / ours[k], 3) for k in speeds}
@@ -291,6 +326,10 @@ def main() -> None:
     r = result["roofline"]
     print(f"  decode reads {r['decode_bytes_per_token'] / 1e9:.3f} GB a token: {r['decode_gb_s']} GB/s, "
           f"{r['decode_of_read']:.0%} of the {r['read_gb_s']} GB/s read bandwidth measured before each run")
+    pr = r.get("paired_steps")
+    if pr:
+        print(f"  {pr['steps']} decode steps each right after a read stream: median {pr['decode_of_read_median']:.0%} "
+              f"of the stream before it (range {pr['decode_of_read_range'][0]:.0%}-{pr['decode_of_read_range'][1]:.0%})")
     rows = [("", ours, theirs, result.get("ratio"))]
     if args.long:
         rows.append((f"{args.long} tokens at ctx {args.ctx}: ", result["long"], result["long_llama_cpp"],
