@@ -101,34 +101,39 @@ class CpuDriver(HostDriver):
         with _POOL:
             return matmul.make_held(self.lib, layout, blocks, fmt, shape, consumed)
 
-    def record(self, calls: list[Call]) -> Graph:
-        """A step of compiled kernels as one native call (graph.h); the NumPy twins as a list of calls."""
-        if self.lib is None or any(c.name.startswith(PREFIX) for c in calls):
-            return super().record(calls)
-        replay = self.lib.replayer([(c.name, self._values(c)) for c in calls])
-
-        def run() -> None:
-            with _POOL:
-                replay()
-
-        run.keep = (replay, _buffers(calls))
-        return HostGraph([run])
-
-    def timed_replay(self, calls: list[Call]) -> Callable[[], np.ndarray] | None:
-        """The compiled calls replayed as record() replays them, returning each call's seconds (the
-        profile of a decode step without a trip through Python per launch); None for the NumPy twins."""
+    def _replay(self, calls: list[Call]) -> Callable[..., None] | None:
+        """The compiled calls as one native call holding the pool (graph.h; given a uint64 array, it
+        writes the clock after each call); None where the calls are the NumPy twins."""
         if self.lib is None or any(c.name.startswith(PREFIX) for c in calls):
             return None
         replay = self.lib.replayer([(c.name, self._values(c)) for c in calls])
-        ns = np.zeros(len(calls) + 1, np.uint64)
 
-        def run() -> np.ndarray:
+        def run(ns: np.ndarray | None = None) -> None:
             with _POOL:
                 replay(ns)
-            return np.diff(ns.astype(np.int64)) / 1e9
 
         run.keep = (replay, _buffers(calls))
         return run
+
+    def record(self, calls: list[Call]) -> Graph:
+        """A step of compiled kernels as one native call (graph.h); the NumPy twins as a list of calls."""
+        run = self._replay(calls)
+        return HostGraph([run]) if run else super().record(calls)
+
+    def timed_replay(self, calls: list[Call]) -> Callable[[], np.ndarray] | None:
+        """The compiled calls replayed as record() replays them, returning each call's seconds (the
+        profile of a step without a trip through Python per launch); None for the NumPy twins."""
+        run = self._replay(calls)
+        if run is None:
+            return None
+        ns = np.zeros(len(calls) + 1, np.uint64)
+
+        def timed() -> np.ndarray:
+            run(ns)
+            return np.diff(ns.astype(np.int64)) / 1e9
+
+        timed.keep = run
+        return timed
 
 
 def _buffers(calls: list[Call]) -> list:
