@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from llmplan.codegen.build import BuildError
-from llmplan.codegen import cpu_build, toolchain
+from llmplan.codegen import cpu_build
 from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core.formats import ACTIVATION_FORMAT, FORMATS, dequantize
@@ -326,12 +326,16 @@ def test_the_amx_path_gives_the_other_paths_bits(fmt, rng):
         assert np.array_equal(tile_twin("amx", fmt, x, ws[0][0], rows, n), want[0]), f"{rows} rows, twin"
 
 
-@needs_compiler
-def test_the_amx_path_compiles_to_tile_instructions():
-    """Every machine compiles the amx path (clang's -mamx-tile -mamx-int8): its rows16 kernels configure
-    the tiles, load them, take TDPBSUD and release them."""
+@each_compiler
+def test_the_amx_path_compiles_to_tile_instructions(cxx, tmp_path):
+    """Every machine compiles the amx path (-mamx-tile -mamx-int8) with each compiler (g++'s tile
+    intrinsics are macros that paste a literal tile number into the instruction, clang's are builtins):
+    its rows16 kernels configure the tiles, load them, take TDPBSUD and release them."""
     source = cpu_build.render([matmul.kernel([f], False) for f in sorted(matmul.RELAYOUT)])
-    command = [toolchain.clang(), *cpu_build.FLAGS, *cpu_build.ISAS["amx"], "-S", "-x", "c++", "-o", "-", "-"]
-    asm = subprocess.run(command, input=source, capture_output=True, text=True, check=True).stdout
+    command = [*cxx.command, *cpu_build.FLAGS, *cpu_build.ISAS["amx"], "-x", "c++"]
+    asm = subprocess.run([*command, "-S", "-o", "-", "-"], input=source, capture_output=True, text=True, check=True).stdout
+    built = subprocess.run([*command, "-c", "-o", str(tmp_path / "amx.o"), "-"], input=source, capture_output=True,
+                           text=True)  # the assembler reads what -S leaves as text (g++'s inline asm)
+    assert built.returncode == 0, built.stderr[-2000:]
     for instruction in ("ldtilecfg", "tileloadd", "tdpbsud", "tilestored", "tilerelease"):
         assert f"\t{instruction}" in asm, instruction

@@ -47,14 +47,40 @@ struct TileShapes {
 };
 
 #if LP_CPU_ISA >= 3
+// g++'s _tile_* are macros that paste their tile number into the instruction's text (clang's are
+// builtins), so each call names its tile as a literal and T picks the call at compile time.
+#define LP_TILE_CALL(T, call) \
+  if constexpr (T == 0) call(0); \
+  else if constexpr (T == 1) call(1); \
+  else if constexpr (T == 2) call(2); \
+  else if constexpr (T == 3) call(3); \
+  else if constexpr (T == 4) call(4); \
+  else call(5);
 struct AmxTiles {
   static void config(const TileShapes& s) { _tile_loadconfig(s.cfg); }
   static void release() { _tile_release(); }
-  template <int T> static void zero() { _tile_zero(T); }
-  template <int T> static void load(const void* p, size_t stride) { _tile_loadd(T, p, stride); }
-  template <int C, int A, int B> static void dot() { _tile_dpbsud(C, A, B); }
-  template <int T> static void store(void* p, size_t stride) { _tile_stored(T, p, stride); }
+  template <int T> static void zero() {
+#define LP_ZERO(t) _tile_zero(t)
+    LP_TILE_CALL(T, LP_ZERO)
+#undef LP_ZERO
+  }
+  template <int T> static void load(const void* p, size_t stride) {
+#define LP_LOAD(t) _tile_loadd(t, p, stride)
+    LP_TILE_CALL(T, LP_LOAD)
+#undef LP_LOAD
+  }
+  template <int C, int A, int B> static void dot() {
+    static_assert((C == 0 && A == 1 && B == 2) || (C == 3 && A == 4 && B == 5), "r16_tiles' two tile triples");
+    if constexpr (C == 0) _tile_dpbsud(0, 1, 2);
+    else _tile_dpbsud(3, 4, 5);
+  }
+  template <int T> static void store(void* p, size_t stride) {
+#define LP_STORE(t) _tile_stored(t, p, stride)
+    LP_TILE_CALL(T, LP_STORE)
+#undef LP_STORE
+  }
 };
+#undef LP_TILE_CALL
 #endif
 
 // The twin: the tile registers as a thread's memory, each instruction as Intel's pseudo-code has it
