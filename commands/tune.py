@@ -18,6 +18,7 @@ from llmplan.core.tune_store import TuneStore
 from llmplan.models.model import open_model
 from llmplan.plans.compile import (
     DEFAULT_CHUNK,
+    cache_descriptor,
     choose_cpu_kernels,
     compile_model,
     drop_cached_plans,
@@ -99,7 +100,8 @@ def _isa_probe(model, device, args: argparse.Namespace):
 def _tune_gpu(model, phases, table, device, store: TuneStore, round_seconds: float) -> list[dict]:
     """Probe every GPU decision on the local device (tuning/gpu_members.py) into the store."""
     found, built = gpu_members.decisions(phases, table, device)
-    runner = gpu_members.ProbeRunner(driver_for(device.backend), device, model.file, table, built, found)
+    runner = gpu_members.ProbeRunner(driver_for(device.backend), device, model.file, table, built, found,
+                                     cache_descriptor(model))
     rows = []
     for d in tqdm(found, desc="probing", unit="decision", disable=None, file=sys.stderr):
         v = runner.verdict(d, round_seconds)

@@ -8,8 +8,8 @@ default member's on the same random operands within the accumulation-order bound
 ORDER_NMSE: members sum in different orders, so bit equality is not theirs to keep), then five
 interleaved rounds, medians, a lead under 3% a tie. The candidates' kernels are loaded as a small plan
 body on a driver, their operands at the phase's bounds (the model's own weights in the layout each
-kernel reads; activations and the outputs' initial contents random), each call synchronized so device
-time counts.
+kernel reads; activations, the K/V cache and the outputs' initial contents random; the step state a
+full context's last rows, `probe_step`), each call synchronized so device time counts.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from llmplan.core.numerics import ORDER_NMSE, PAGE
 from llmplan.core.plan_records import (
     Buf,
     Buffer,
+    Cache,
     CacheInfo,
     GpuSection,
     KernelCall,
@@ -41,6 +42,8 @@ from llmplan.core.plan_records import (
     PlanBody,
     PlanHeader,
     Scratch,
+    State,
+    StateInput,
     TuneRecord,
     Weight,
 )
@@ -60,6 +63,7 @@ class GpuDecision:
     phase: str
     launch: Launch  # the first lowered launch it decides (operand types and shapes)
     buffers: list[Buffer]  # its phase's buffers (dtype, shape)
+    state: dict[str, StateInput]  # its phase's step state
     dims: dict[str, int]  # the phase's bounds: the shapes it is timed at
     candidates: dict[str, list[KernelLaunch]]  # those that fit, the family's order: the first is the default
     pruned: dict[str, str] = field(default_factory=dict)
@@ -83,7 +87,7 @@ def decisions(phases: dict[str, Phase], table, device: DeviceFacts) -> tuple[lis
             key = decision_key(launch, ctx)
             if key not in found:
                 bid = build_id(tuple(ln.kernel for lns in cands.values() for ln in lns))
-                found[key] = GpuDecision(key, bid, phase, launch, p.buffers, p.dims, cands)
+                found[key] = GpuDecision(key, bid, phase, launch, p.buffers, p.state, p.dims, cands)
             found[key].phases[phase] = found[key].phases.get(phase, 0) + 1
     kernels = {ln.kernel.name: ln.kernel for d in found.values() for lns in d.candidates.values() for ln in lns}
     built = build(list(kernels.values()), target, gates=False)
@@ -116,10 +120,33 @@ def _probe_plan(device: DeviceFacts, built: Build, kernels: dict[str, KernelLaun
     return PlanHeader(FORMAT_VERSION, "", device, {}, ModelRef("", "", "", {}), Limits(0, 0, 0, 0)), body
 
 
+def _bound(shape: tuple, dims: dict[str, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
+
+
+def probe_step(state: dict[str, StateInput], dims: dict[str, int]) -> dict[str, np.ndarray]:
+    """A step for the candidates that read the step state (attention): the rows split evenly over the
+    phase's sequences, each sequence's rows the last of a full context (the most K/V to read, the bound
+    the phase is timed at) on pages of its own; any other input its default, else zeros."""
+    rows, seqs, ctx = dims["rows"], dims.get("seqs", 1), dims["ctx"]
+    per = max(1, rows // seqs)
+    seq = np.minimum(np.arange(rows) // per, seqs - 1)
+    known = {"seq": seq, "pos": ctx - per + np.arange(rows) % per,
+             "last": np.minimum(np.arange(1, seqs + 1) * per, rows) - 1}
+    if "pages" in dims:
+        known["pages"] = np.arange(seqs * dims["pages"]).reshape(seqs, dims["pages"])
+    out = {}
+    for name, s in state.items():
+        shape = _bound(s.shape, dims)
+        fill = known.get(name, np.full(shape, s.default or 0))
+        out[name] = np.ascontiguousarray(np.broadcast_to(fill, shape), dtype={"i32": np.int32, "f32": np.float32}[s.dtype])
+    return out
+
+
 class ProbeRunner:
     def __init__(self, driver: Driver, device: DeviceFacts, model: GGUFFile, table: dict[str, tuple],
-                 built: Build, decisions: list[GpuDecision]):
-        self.driver, self.model, self.table = driver, model, table
+                 built: Build, decisions: list[GpuDecision], cache: CacheInfo):
+        self.driver, self.model, self.table, self.cache = driver, model, table, cache
         kernels = {ln.kernel.name: ln for d in decisions for lns in d.candidates.values() for ln in lns}
         header, body = _probe_plan(device, built, kernels)
         driver.load(body, header)
@@ -165,19 +192,27 @@ class ProbeRunner:
 
     def _buffers(self, d: GpuDecision, rng: np.random.Generator) -> dict[tuple, Region]:
         """Every buffer and scratch any candidate names, at the phase's bounds."""
-        out: dict[tuple, Region] = {}
+        out: dict[Any, Region] = {}
+        step = probe_step(d.state, d.dims)
         for name, lns in d.candidates.items():
             for ln in lns:
                 for ref in ln.args:
                     if isinstance(ref, Buf) and ref not in out:
                         b = d.buffers[ref.index]
-                        shape = tuple(s if isinstance(s, int) else d.dims[s] for s in b.shape)
+                        shape = _bound(b.shape, d.dims)
                         data = random_operand(b.dtype, shape, rng)
                         out[ref] = Region(self.driver.put(data), 0, data.nbytes, b.dtype, shape)
                     elif isinstance(ref, Scratch) and (name, ref.name) not in out:  # shared by a member's launches
-                        shape = tuple(s if isinstance(s, int) else d.dims[s] for s in ref.shape)
+                        shape = _bound(ref.shape, d.dims)
                         n = value_bytes(ref.dtype, shape)
                         out[(name, ref.name)] = Region(self.driver.alloc(n), 0, n, ref.dtype, shape)
+                    elif isinstance(ref, State) and ref not in out:
+                        data = step[ref.name]
+                        out[ref] = Region(self.driver.put(data), 0, data.nbytes, d.state[ref.name].dtype, data.shape)
+                    elif isinstance(ref, Cache) and ref not in out:
+                        shape = _bound(self.cache.shape, d.dims)
+                        data = random_operand(self.cache.dtype, shape, rng)
+                        out[ref] = Region(self.driver.put(data), 0, data.nbytes, self.cache.dtype, shape)
         return out
 
     def _call(self, member: str, ln: Any, buffers: dict[tuple, Region], dims: dict[str, int]) -> Call:
@@ -187,6 +222,8 @@ class ProbeRunner:
                 args.append(buffers[ref])
             elif isinstance(ref, Scratch):
                 args.append(buffers[(member, ref.name)])
+            elif isinstance(ref, (State, Cache)):
+                args.append(buffers[ref])
             elif isinstance(ref, Weight):
                 args.append(self._weight(ref))
             else:
