@@ -28,6 +28,11 @@ class SchemaError(InputError):
 
 Dim = Union[int, str]  # a size, or a symbol (rows, seqs, ctx, ...) bound per phase or per step
 
+
+def bound_shape(shape: tuple[Dim, ...], dims: dict[str, int]) -> tuple[int, ...]:
+    """A shape with its symbols bound by `dims`."""
+    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
+
 # --- argument references ------------------------------------------------------------------------
 
 

@@ -55,6 +55,7 @@ from llmplan.core.plan_records import (
     Scratch,
     State,
     Weight,
+    bound_shape,
 )
 from llmplan.models.gguf import GGUFFile
 
@@ -100,10 +101,6 @@ class Bucket:
     failed: str = ""  # why it could not be recorded
 
 
-def _bound(shape: tuple, dims: dict[str, int]) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
-
-
 def _grid(grid: tuple, dims: dict[str, int]) -> tuple[int, int, int]:
     g = [d if isinstance(d, int) else -(-dims[d[0]] // d[1]) for d in grid]
     return tuple(g + [1] * (3 - len(g)))  # type: ignore[return-value]
@@ -124,9 +121,9 @@ class Executor:
         self.load.kernels_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         self.arena = driver.alloc(body.arena_bytes)
-        shape = _bound(body.cache.shape, {"blocks": kv_blocks})
+        shape = bound_shape(body.cache.shape, {"blocks": kv_blocks})
         self.cache = Region(driver.alloc(value_bytes("f16", shape)), 0, value_bytes("f16", shape), "f16", shape)
-        self.slots = {ph: {name: driver.alloc(value_bytes(s.dtype, _bound(s.shape, p.dims)))
+        self.slots = {ph: {name: driver.alloc(value_bytes(s.dtype, bound_shape(s.shape, p.dims)))
                            for name, s in p.state.items()} for ph, p in self.phases.items()}
         self._given: set[tuple[str, str]] = set()  # (phase, input) slots that hold a step's value, not the default
         for ph, p in self.phases.items():
@@ -223,14 +220,14 @@ class Executor:
         p = self.phases[phase]
         if isinstance(ref, Buf):
             b = p.buffers[ref.index]
-            shape = _bound(b.shape, dims)
+            shape = bound_shape(b.shape, dims)
             return Region(self.arena, b.offset, value_bytes(b.dtype, shape), b.dtype, shape)
         if isinstance(ref, Scratch):
-            shape = _bound(ref.shape, dims)
+            shape = bound_shape(ref.shape, dims)
             return Region(self.arena, ref.offset, value_bytes(ref.dtype, shape), ref.dtype, shape)
         if isinstance(ref, State):
             s = p.state[ref.name]
-            shape = _bound(s.shape, dims)
+            shape = bound_shape(s.shape, dims)
             return Region(self.slots[phase][ref.name], 0, value_bytes(s.dtype, shape), s.dtype, shape)
         if isinstance(ref, Cache):
             return self.cache
@@ -273,7 +270,7 @@ class Executor:
 
     def _write(self, phase: str, name: str, value: np.ndarray, dims: dict[str, int]) -> None:
         s = self.phases[phase].state[name]
-        want = _bound(s.shape, dims)
+        want = bound_shape(s.shape, dims)
         arr = np.ascontiguousarray(value, np.int32)
         if arr.shape != want:
             raise StepError(f"{phase}: step state {name} has shape {arr.shape}, the step needs {want}")
@@ -283,7 +280,7 @@ class Executor:
 
     def _fill_default(self, phase: str, name: str) -> None:
         s = self.phases[phase].state[name]
-        full = np.full(_bound(s.shape, self.phases[phase].dims), s.default, np.int32)
+        full = np.full(bound_shape(s.shape, self.phases[phase].dims), s.default, np.int32)
         self.driver.write(Region(self.slots[phase][name], 0, full.nbytes, "i32", full.shape), full)
         self._given.discard((phase, name))
 

@@ -56,8 +56,8 @@ extern "C" uint64_t lp_bench_read(const uint64_t* p, size_t n, int threads, size
 """
 # Each measurement streams the buffer plainly and with the decode kernels' L2 prefetch distance
 # (codegen/cpu/rows16.h R16_AHEAD) and takes the faster: on this project's Intel Xeon VMs the plain loop
-# reaches about 26 GB/s with 2 threads and the prefetched one 29-30, while a loop left to the compiler
-# read 18 (clang++-19) or 25 (g++): the roofline is the best a read reaches, not one compiler's loop.
+# reads 28-30 GB/s with 2 threads and the prefetched one 32-34, while a loop left to the compiler read
+# 15-19 (clang++-19) or 22-27 (g++): the roofline is the best a read reaches, not one compiler's loop.
 AHEAD = (0, 8192)
 
 

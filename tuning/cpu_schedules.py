@@ -14,7 +14,7 @@ from llmplan.codegen.cpu_families import matmul
 from llmplan.core import layouts
 from llmplan.core import numerics as num
 from llmplan.core.formats import value_bytes
-from llmplan.core.plan_records import F32, I32, Buf, KernelCall, Ref, Scratch, State
+from llmplan.core.plan_records import F32, I32, Buf, KernelCall, Ref, Scratch, State, bound_shape
 from llmplan.core.tune_store import Verdict
 from llmplan.plans import cpu_decisions
 from llmplan.plans.cpu_decisions import DEFAULT, Decision, Panels, Probes, Projection, Strategy
@@ -74,18 +74,15 @@ def probe_schedules(kind: NativeTasks, d: Decision, cands: list[Schedule], round
                                              ).astype(np.int32).view(np.uint8).reshape(-1)
     held: dict[tuple[str, str], np.ndarray] = {}  # weights in the layouts the kernels read
 
-    def bound(shape) -> tuple[int, ...]:
-        return tuple(x if isinstance(x, int) else dims[x] for x in shape)
-
     def bind(ref: Ref) -> np.ndarray:
         if isinstance(ref, State):  # the tail's token mask (at its default: every token), the tokens it writes
             s = phase.state[ref.name]
-            return arrays.setdefault(ref.name, np.full(bound(s.shape), s.default or 0, np.int32))
+            return arrays.setdefault(ref.name, np.full(bound_shape(s.shape, dims), s.default or 0, np.int32))
         if isinstance(ref, Buf):
             b = phase.buffers[ref.index]
-            return arrays.setdefault(f"buf{ref.index}", random_operand(b.dtype, bound(b.shape), rng))
+            return arrays.setdefault(f"buf{ref.index}", random_operand(b.dtype, bound_shape(b.shape, dims), rng))
         if isinstance(ref, Scratch):  # the experts' grouping buffers: written before they are read
-            return arrays.setdefault(f"scratch:{ref.name}", np.zeros(value_bytes(ref.dtype, bound(ref.shape)), np.uint8))
+            return arrays.setdefault(f"scratch:{ref.name}", np.zeros(value_bytes(ref.dtype, bound_shape(ref.shape, dims)), np.uint8))
         key = (ref.name, ref.layout)
         if key not in held:
             t = kind.file.weight(ref.name)

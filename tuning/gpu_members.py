@@ -46,6 +46,7 @@ from llmplan.core.plan_records import (
     StateInput,
     TuneRecord,
     Weight,
+    bound_shape,
 )
 from llmplan.core.planfile import FORMAT_VERSION
 from llmplan.core.tune_store import TuneStore, Verdict, provenance, record
@@ -120,10 +121,6 @@ def _probe_plan(device: DeviceFacts, built: Build, kernels: dict[str, KernelLaun
     return PlanHeader(FORMAT_VERSION, "", device, {}, ModelRef("", "", "", {}), Limits(0, 0, 0, 0)), body
 
 
-def _bound(shape: tuple, dims: dict[str, int]) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) else dims[d] for d in shape)
-
-
 def probe_step(state: dict[str, StateInput], dims: dict[str, int]) -> dict[str, np.ndarray]:
     """A step for the candidates that read the step state (attention): the rows split evenly over the
     phase's sequences, each sequence's rows the last of a full context (the most K/V to read, the bound
@@ -137,7 +134,7 @@ def probe_step(state: dict[str, StateInput], dims: dict[str, int]) -> dict[str, 
         known["pages"] = np.arange(seqs * dims["pages"]).reshape(seqs, dims["pages"])
     out = {}
     for name, s in state.items():
-        shape = _bound(s.shape, dims)
+        shape = bound_shape(s.shape, dims)
         fill = known.get(name, np.full(shape, s.default or 0))
         out[name] = np.ascontiguousarray(np.broadcast_to(fill, shape), dtype={"i32": np.int32, "f32": np.float32}[s.dtype])
     return out
@@ -151,6 +148,7 @@ class ProbeRunner:
         header, body = _probe_plan(device, built, kernels)
         driver.load(body, header)
         self.weights: dict[tuple[str, str], Region] = {}
+        self.caches: dict[tuple[int, ...], Region] = {}
 
     def _weight(self, ref: Weight) -> Region:
         key = (ref.name, ref.layout or "plain")
@@ -159,6 +157,13 @@ class ProbeRunner:
             data = layouts.make(key[1], self.model.tensor_bytes(key[0]), fmt, tuple(shape))
             self.weights[key] = Region(self.driver.put(data), 0, data.nbytes, "u8", (data.nbytes,))
         return self.weights[key]
+
+    def _cache(self, shape: tuple[int, ...], rng: np.random.Generator) -> Region:
+        """A random K/V cache of `shape`, made once for every decision that reads one at that size."""
+        if shape not in self.caches:
+            data = random_operand(self.cache.dtype, shape, rng)
+            self.caches[shape] = Region(self.driver.put(data), 0, data.nbytes, self.cache.dtype, shape)
+        return self.caches[shape]
 
     def verdict(self, d: GpuDecision, round_seconds: float) -> Verdict:
         rng = np.random.default_rng(zlib.crc32(d.key.encode()))
@@ -199,20 +204,18 @@ class ProbeRunner:
                 for ref in ln.args:
                     if isinstance(ref, Buf) and ref not in out:
                         b = d.buffers[ref.index]
-                        shape = _bound(b.shape, d.dims)
+                        shape = bound_shape(b.shape, d.dims)
                         data = random_operand(b.dtype, shape, rng)
                         out[ref] = Region(self.driver.put(data), 0, data.nbytes, b.dtype, shape)
                     elif isinstance(ref, Scratch) and (name, ref.name) not in out:  # shared by a member's launches
-                        shape = _bound(ref.shape, d.dims)
+                        shape = bound_shape(ref.shape, d.dims)
                         n = value_bytes(ref.dtype, shape)
                         out[(name, ref.name)] = Region(self.driver.alloc(n), 0, n, ref.dtype, shape)
                     elif isinstance(ref, State) and ref not in out:
                         data = step[ref.name]
                         out[ref] = Region(self.driver.put(data), 0, data.nbytes, d.state[ref.name].dtype, data.shape)
                     elif isinstance(ref, Cache) and ref not in out:
-                        shape = _bound(self.cache.shape, d.dims)
-                        data = random_operand(self.cache.dtype, shape, rng)
-                        out[ref] = Region(self.driver.put(data), 0, data.nbytes, self.cache.dtype, shape)
+                        out[ref] = self._cache(bound_shape(self.cache.shape, d.dims), rng)
         return out
 
     def _call(self, member: str, ln: Any, buffers: dict[tuple, Region], dims: dict[str, int]) -> Call:

@@ -55,7 +55,10 @@ struct TileShapes {
   else if constexpr (T == 2) call(2); \
   else if constexpr (T == 3) call(3); \
   else if constexpr (T == 4) call(4); \
-  else call(5);
+  else {                              \
+    static_assert(T == 5, "tiles 0-5"); \
+    call(5);                          \
+  }
 struct AmxTiles {
   static void config(const TileShapes& s) { _tile_loadconfig(s.cfg); }
   static void release() { _tile_release(); }
