@@ -46,6 +46,9 @@ constexpr int R16 = LP_ROWS16;
 // core keeps too few of them in flight for the hardware prefetchers alone (alternated A/B, 2 threads:
 // a 255 MB Q6_K head from memory 1.22-1.32x; llama3-8b's whole decode 1.04x and tiny-llama3's, held in
 // the last-level cache, 1.06x, medians of 12 and 16 pairs). Q8_0's lighter records lose with it.
+// Each line is asked for once: two lines every step, 74 or 105 bytes apart (Q4_K's, Q6_K's), asked
+// for most lines twice and streamed slower (alternated pairs on the Intel Xeon VM, 1.2 GB of one
+// projection's records from memory, 2 threads: Q4_K 1.020-1.037x, Q6_K 1.006x).
 constexpr int R16_AHEAD = 8192;
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
@@ -350,10 +353,12 @@ inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)
         for (int t = CHUNKS * q; t < CHUNKS * (q + 1); ++t) {
           typename V::I u0, u1;
           if constexpr (CT == 1)
-            if (h == 0) {  // two lines per step cover the record's 32 steps; the next records follow it
-              const char* ahead = (const char*)rec + (g * 8 + t) * Rec::BYTES / 32 + R16_AHEAD;
+            if (h == 0) {  // each line of the record R16_AHEAD on once over its 32 steps
+              static_assert(Rec::BYTES <= 64 * 64, "two lines a step cover the record");
+              const int line = g * 8 + t;
+              const char* ahead = (const char*)rec + R16_AHEAD + 64 * line;
               _mm_prefetch(ahead, _MM_HINT_T1);
-              _mm_prefetch(ahead + 64, _MM_HINT_T1);
+              if (64 * (line + 32) < Rec::BYTES) _mm_prefetch(ahead + 64 * 32, _MM_HINT_T1);
             }
           RV::values(rec, g, t, h, u0, u1);
           for (int c = 0; c < CT; ++c) {
