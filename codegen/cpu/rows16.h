@@ -45,10 +45,11 @@ constexpr int R16 = LP_ROWS16;
 // The bytes a one-row pass requests ahead of its reads, into L2: with the unpacking between its loads a
 // core keeps too few of them in flight for the hardware prefetchers alone (alternated A/B, 2 threads:
 // a 255 MB Q6_K head from memory 1.22-1.32x; llama3-8b's whole decode 1.04x and tiny-llama3's, held in
-// the last-level cache, 1.06x, medians of 12 and 16 pairs). Q8_0's lighter records lose with it.
+// the last-level cache, 1.06x, medians of 12 and 16 pairs).
 // Each line is asked for once: two lines every step, 74 or 105 bytes apart (Q4_K's, Q6_K's), asked
 // for most lines twice and streamed slower (alternated pairs on the Intel Xeon VM, 1.2 GB of one
-// projection's records from memory, 2 threads: Q4_K 1.020-1.037x, Q6_K 1.006x).
+// projection's records from memory, 2 threads: Q4_K 1.020-1.037x, Q6_K 1.006x). Asked that way, Q8_0's
+// lighter records had lost with it on the AMD EPYC; once a line, they gain (rows16_q8.h).
 constexpr int R16_AHEAD = 8192;
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
