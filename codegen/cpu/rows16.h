@@ -339,11 +339,11 @@ template <class V, class Rec, int CT, int P>
 inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)[CT], float (&out)[CT][V::LANES]) {
   using RV = RecV<V, Rec>;
   constexpr int PER = 32 / Rec::SUB, CHUNKS = Rec::SUB / 4;  // sub-blocks per 32 values, chunks per sub-block
-  // the 64-value groups one pass of the loop takes: decode's four (its offsets, prefetches and the h == 0
-  // test then fixed in straight code: 1.2 GB of one projection's records from memory, alternated pairs,
-  // 2 threads, Q4_K 1.010-1.015x, Q6_K 1.049-1.062x), one for more rows (four of the wider pass in one
-  // ran 0.6-0.8x)
-  constexpr int GU = CT == 1 ? 4 : 1;
+  // the 64-value groups one pass of the loop takes: decode's four on 512-bit vectors (its offsets,
+  // prefetches and the h == 0 test then fixed in straight code: 1.2 GB of one projection's records from
+  // memory, alternated pairs, 2 threads, Q4_K 1.010-1.015x, Q6_K 1.049-1.062x), else one (more rows: four
+  // of the wider pass in one ran 0.6-0.8x; avx2's two half-record passes: Q4_K 0.87x)
+  constexpr int GU = CT == 1 && V::LANES == R16 ? 4 : 1;
   typename V::F acc[CT];
   for (int c = 0; c < CT; ++c) acc[c] = V::fzero();
   for (int sb = 0; sb < w.nsb; ++sb) {
