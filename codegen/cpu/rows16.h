@@ -51,6 +51,9 @@ constexpr int R16 = LP_ROWS16;
 // projection's records from memory, 2 threads: Q4_K 1.020-1.037x, Q6_K 1.006x). Asked that way, Q8_0's
 // lighter records had lost with it on the AMD EPYC; once a line, they gain (rows16_q8.h).
 constexpr int R16_AHEAD = 8192;
+// whether the pass over lanes [L h, L h + L) of CT activation rows asks ahead: decode's, once a record
+// (the first half's where a vector holds half a record's rows)
+template <class V, int CT> inline bool r16_asks_ahead(int h) { return CT == 1 && (V::LANES == LP_ROWS16 || h == 0); }
 
 // One activation row as the records take it: q8_k values and scales, and its sums per sub-block: as
 // int16 pairs of 32-value sums (Q4_K's mins) and as 32 times the 16-value sums (Q6_K's offset); or
@@ -360,14 +363,13 @@ inline void r16_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&col)
 #pragma unroll
           for (int t = CHUNKS * q; t < CHUNKS * (q + 1); ++t) {
             typename V::I u0, u1;
-            if constexpr (CT == 1)
-              if (V::LANES == R16 || h == 0) {  // each line of the record R16_AHEAD on once over its 32 steps
-                static_assert(Rec::BYTES <= 64 * 64, "two lines a step cover the record");
-                const int line = g * 8 + t;
-                const char* ahead = (const char*)rec + R16_AHEAD + 64 * line;
-                _mm_prefetch(ahead, _MM_HINT_T1);
-                if (64 * (line + 32) < Rec::BYTES) _mm_prefetch(ahead + 64 * 32, _MM_HINT_T1);
-              }
+            if (r16_asks_ahead<V, CT>(h)) {  // each line of the record R16_AHEAD on once over its 32 steps
+              static_assert(Rec::BYTES <= 64 * 64, "two lines a step cover the record");
+              const int line = g * 8 + t;
+              const char* ahead = (const char*)rec + R16_AHEAD + 64 * line;
+              _mm_prefetch(ahead, _MM_HINT_T1);
+              if (64 * (line + 32) < Rec::BYTES) _mm_prefetch(ahead + 64 * 32, _MM_HINT_T1);
+            }
             RV::values(rec, g, t, h, u0, u1);
             for (int c = 0; c < CT; ++c) {
               const int8_t* x = col[c].x + 256 * sb + 64 * g + 4 * t;

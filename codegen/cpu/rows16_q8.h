@@ -176,9 +176,8 @@ inline void r16_b32_tile(const Rows16<Rec>& w, int group, int h, const R16Col (&
   for (int c = 0; c < CT; ++c) acc[c] = V::fzero();
   for (int b = 0; b < w.nsb; ++b) {
     const uint8_t* rec = w.rec(group, b);
-    if constexpr (CT == 1)  // the record R16_AHEAD on, line by line (a line two records share: twice)
-      if (V::LANES == R16 || h == 0)
-        for (int l = 0; 64 * l < Rec::BYTES; ++l) _mm_prefetch((const char*)rec + R16_AHEAD + 64 * l, _MM_HINT_T1);
+    if (r16_asks_ahead<V, CT>(h))  // the record R16_AHEAD on, line by line (a line two records share: twice)
+      for (int l = 0; 64 * l < Rec::BYTES; ++l) _mm_prefetch((const char*)rec + R16_AHEAD + 64 * l, _MM_HINT_T1);
     typename V::I s[CT][P];
     for (int c = 0; c < CT; ++c)
       for (int p = 0; p < P; ++p) s[c][p] = V::zero();
