@@ -189,9 +189,8 @@ class CpuLibrary:
         """An entry point and its parameter types."""
         return getattr(self.lib, name), self._types[name]
 
-    def replayer(self, calls: list[tuple[str, tuple]]) -> Callable[..., None]:
-        """One call that runs these (entry point, argument values) in order (graph.h lp_cpu_replay); given
-        a uint64 array of len(calls) + 1, it writes the clock (ns) before the first call and after each."""
+    def replayer(self, calls: list[tuple[str, tuple]]) -> Replayer:
+        """One call that runs these (entry point, argument values) in order (graph.h lp_cpu_replay)."""
         words, at = [], []
         for name, values in calls:
             types = self._types[name]
@@ -200,18 +199,7 @@ class CpuLibrary:
                       for t, v in zip(types, values)]
         fns = np.array([ctypes.cast(getattr(self.lib, f"{name}_packed"), ctypes.c_void_p).value for name, _ in calls],
                        np.uint64)
-        args, at = np.array(words, np.uint64), np.array(at, np.int32)
-        replay, n = self.lib.lp_cpu_replay, len(calls)
-        replay.restype, replay.argtypes = None, [ctypes.c_int] + [ctypes.c_void_p] * 4
-        pointers = (fns.ctypes.data, args.ctypes.data, at.ctypes.data)
-
-        def run(ns: np.ndarray | None = None) -> None:
-            if ns is not None and not (ns.dtype == np.uint64 and ns.shape == (n + 1,) and ns.flags.c_contiguous):
-                raise ValueError(f"the replay's clock readings take a contiguous uint64 array of {n + 1}")
-            replay(n, *pointers, None if ns is None else ns.ctypes.data)
-
-        run.keep = (fns, args, at)
-        return run
+        return Replayer(self.lib, fns, np.array(words, np.uint64), np.array(at, np.int32))
 
     def set_threads(self, n: int) -> None:
         self.lib.lp_cpu_set_threads(int(n))
@@ -241,3 +229,38 @@ class CpuLibrary:
     def launch(self, launch: KernelLaunch, bind: Callable[[Ref], np.ndarray], dims: dict[str, int]) -> None:
         fn, values, _ = self.bind(launch, bind, dims)
         fn(*values)
+
+
+class Replayer:
+    """A recorded step's calls as graph.h replays them: the entry points, their argument words, and where
+    each call's words start."""
+
+    def __init__(self, lib: ctypes.CDLL, fns: np.ndarray, args: np.ndarray, at: np.ndarray):
+        self.n, self._held = len(fns), (fns, args, at)
+        self._pointers = (fns.ctypes.data, args.ctypes.data, at.ctypes.data)
+        self._replay = lib.lp_cpu_replay
+        self._replay.restype, self._replay.argtypes = None, [ctypes.c_int] + [ctypes.c_void_p] * 4
+        # a library built from a plan's source before graph.h had it replays a step at a time
+        self._steps = getattr(lib, "lp_cpu_replay_steps", None)
+        if self._steps is not None:
+            self._steps.restype = None
+            self._steps.argtypes = [ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3
+
+    def __call__(self, ns: np.ndarray | None = None) -> None:
+        """Run the calls once; given a uint64 array of n + 1, write the clock (ns) before the first call
+        and after each."""
+        if ns is not None and not (ns.dtype == np.uint64 and ns.shape == (self.n + 1,) and ns.flags.c_contiguous):
+            raise ValueError(f"the replay's clock readings take a contiguous uint64 array of {self.n + 1}")
+        self._replay(self.n, *self._pointers, None if ns is None else ns.ctypes.data)
+
+    @property
+    def bursts(self) -> bool:
+        return self._steps is not None
+
+    def replay_steps(self, steps: int, pos: int, tokens: int, out: np.ndarray) -> None:
+        """A greedy decode burst (graph.h lp_cpu_replay_steps): `steps` replays, each after advancing the
+        int32 positions at address `pos` by one, copying the int32 tokens at `tokens` into out's rows
+        (out: int32, C-contiguous, steps x rows)."""
+        if not (out.dtype == np.int32 and out.ndim == 2 and out.shape[0] == steps and out.flags.c_contiguous):
+            raise ValueError(f"a burst's tokens take a contiguous int32 array of {steps} rows")
+        self._steps(self.n, *self._pointers, steps, out.shape[1], pos, tokens, out.ctypes.data)

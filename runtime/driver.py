@@ -88,6 +88,7 @@ class Driver(ABC):
     name: str
     graphs: bool = False  # whether record() captures calls for replay
     overlaps: bool = False  # whether launches run asynchronously to the host (a pipelined decode pays off)
+    bursts: bool = False  # whether replay_steps runs a greedy decode burst in one call
     host_memory: bool = False  # whether put() may use the host array in place (the caller keeps it alive)
     threads: int | None = None  # host threads the kernels run on (cpu, emu), set before load; None: every core
 
@@ -129,6 +130,13 @@ class Driver(ABC):
     def record(self, calls: list[Call]) -> Graph:
         """The calls recorded for replay; only backends with graphs implement it."""
         raise NotImplementedError(f"the {self.name} driver has no graphs")
+
+    def replay_steps(self, graph: Graph, steps: int, pos: Region, tokens: Region) -> np.ndarray | None:
+        """A greedy decode burst in one call: `graph` (a decode step whose tail writes its tokens into the
+        `tokens` slot its embedding reads) replayed `steps` times, each after advancing every row's `pos`
+        by one; the tokens each replay wrote (steps x rows, int32). None where the backend has no such
+        call (the executor then steps through Python)."""
+        return None
 
     def sync(self) -> None:
         """Wait for everything queued (nothing to do on the host backends)."""

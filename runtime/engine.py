@@ -23,6 +23,12 @@ are read: the fused tail writes each token into the slot the next step's embeddi
 host learns it one step later. A sequence that stops at a token it learns late has had one more row
 computed, which is discarded; the tokens are those of the unpipelined engine.
 
+Decode bursts (the drivers that run one in a call: cpu). When nothing waits or prefills and every
+decoding row is greedy and free, one step runs as many decode steps as fit in BURST_S at the last
+step's speed, in one native call (Driver.replay_steps): the host pays a step's Python once for them, a
+fifth of a small model's token. Their tokens stream out together; a sequence that stops inside a burst
+had its later rows computed, and they are dropped. Records give each step's `decode_steps`.
+
     engine = Engine.load("m.plan")
     for ev in engine.generate(["Once upon a time", Request("The capital of France is", max_tokens=8)]):
         print(ev.index, repr(ev.text), ev.finish_reason or "")
@@ -57,6 +63,9 @@ from .scheduler import Scheduler, Sequence, Step
 from .trace import MASKS, Trace, span
 
 RECORDS_KEPT = 10_000
+# A greedy decode burst runs at most this long (its tokens stream out together at its end, and a request
+# that arrives meanwhile waits for it) and at most this many steps
+BURST_S, MAX_BURST = 0.03, 64
 PLACEHOLDER = -1  # a sequence's last token while it is still on the device (pipelined decode)
 
 
@@ -86,13 +95,15 @@ class _Queued:
 
 class Engine:
     def __init__(self, plan_path: str, header: PlanHeader, body: PlanBody, model: GGUFFile, executor: Executor,
-                 load_seconds: float, max_seqs: int, kv_blocks: int, pipelined: bool):
+                 load_seconds: float, max_seqs: int, kv_blocks: int, pipelined: bool, bursts: bool):
         self.plan_path, self.header, self.body, self.model = plan_path, header, body, model
         self.limits = header.limits
         self.executor = executor
         self.trace = executor.trace
         self.device = executor.driver.name
-        self.pipelined = pipelined
+        self.pipelined, self.bursts = pipelined, bursts
+        self._step_s: float | None = None  # the last decode step's seconds (a burst's: per step)
+        self._burst = 0  # decode steps of this engine step
         self._queued: _Queued | None = None
         self.tokenizer: Tokenizer = load_tokenizer(model)
         self.load_seconds = load_seconds
@@ -117,7 +128,7 @@ class Engine:
     def load(cls, plan: str | os.PathLike, device: str | None = None, model_path: str | None = None,
              max_seqs: int | None = None, kv_blocks: int | None = None, pipelined: bool | None = None,
              replay: bool = True, poison: bool = False, trace: Trace | None = None,
-             threads: int | None = None) -> Engine:
+             threads: int | None = None, bursts: bool | None = None) -> Engine:
         """An engine for a plan file on `device` (default: the plan's own backend; "emu" runs a GPU
         plan's kernels on the host). `max_seqs` (at most the plan's) bounds the sequences of a batched
         step; `kv_blocks` sizes the K/V pool (default: the plan's, enough for max_seqs sequences of the
@@ -125,7 +136,8 @@ class Engine:
         steps ahead; `replay` records decode buckets for replay where the driver has graphs; `poison`
         checks that every kernel writes all it should (slow: tests); `trace` records the load and every
         step (runtime/trace.py). `threads` is how many host threads the kernels run on (the cpu driver's
-        pool, the emulated GPU's; default every core)."""
+        pool, the emulated GPU's; default every core). `bursts` (default: where the driver runs one in a
+        call) lets a step run several greedy decode steps (Driver.replay_steps)."""
         t0 = time.perf_counter()
         plan = os.fspath(plan)
         if is_gguf(plan):
@@ -166,7 +178,9 @@ class Engine:
         driver.threads = threads
         executor = Executor(header, body, driver, model, kv_blocks, poison=poison, replay=replay, trace=trace)
         pipelined = driver.overlaps if pipelined is None else pipelined
-        engine = cls(plan, header, body, model, executor, time.perf_counter() - t0, max_seqs, kv_blocks, pipelined)
+        bursts = driver.bursts if bursts is None else bursts
+        engine = cls(plan, header, body, model, executor, time.perf_counter() - t0, max_seqs, kv_blocks, pipelined,
+                     bursts)
         if trace is not None:
             trace.attach(driver)
             trace.complete("load", "load", t0, time.perf_counter(), plan=plan, device=device)
@@ -291,11 +305,11 @@ class Engine:
         wall = time.perf_counter() - t0
         record = {"step": self._steps, "admitted": plan.admitted, "preempted": plan.preempted,
                   "prefill_rows": sum(n for _, n in plan.prefill), "prefill_seqs": len(plan.prefill),
-                  "decode_rows": len(plan.decode), "free_blocks": self.pool.free_blocks,
+                  "decode_rows": len(plan.decode), "decode_steps": self._burst, "free_blocks": self.pool.free_blocks,
                   "pipelined": self._queued is not None,
                   "host_s": round(wall - kernel_s, 6), "kernel_s": round(kernel_s, 6),
                   "masked_rows": self._masked, "mask_s": round(self._mask_s, 6)}
-        self._mask_s, self._masked = 0.0, 0
+        self._mask_s, self._masked, self._burst = 0.0, 0, 0
         if len(self.executor.notes) > self._notes:  # said once: e.g. a decode bucket that runs directly
             record["notes"] = self.executor.notes[self._notes:]
             self._notes = len(self.executor.notes)
@@ -386,15 +400,49 @@ class Engine:
         head = self._head(seqs)
         phase = "decode" if len(seqs) == 1 else "decode-batch"
         if self.pipelined and head == "next_token" and not plan.prefill:
+            self._burst = 1
             return self._decode_ahead(phase, seqs)
+        steps = self._burst_steps(plan) if head == "next_token" else 1
+        if steps > 1:
+            return self._decode_burst(phase, seqs, steps)
+        self._burst = 1
         late = self._late_masks(list(seqs))
         t0 = time.perf_counter()
         with span(self.trace, "decode", "step", rows=len(seqs), pipelined=False):
             out = self.executor.run(phase, self._decode_state(seqs, fed=False), {"cache", head}, late)
-        seconds = time.perf_counter() - t0
+        seconds = self._step_s = time.perf_counter() - t0
         for j, s in enumerate(seqs):
             self.scheduler.done(s, 1)
             self._next(s, out[head][j], head)
+        return seconds
+
+    # --- decode bursts ------------------------------------------------------------------------
+
+    def _burst_steps(self, plan: Step) -> int:
+        """How many greedy decode steps this step runs in one call: what fits in BURST_S at the last
+        step's speed, when bursts are on, nothing waits or prefills, and no row is constrained; never
+        past a sequence's limit, nor past the K/V blocks it can have without preempting anyone. A
+        sequence that stops inside a burst had its later rows computed, and they are dropped."""
+        if not self.bursts or plan.prefill or self.scheduler.waiting or not self._step_s:
+            return 1
+        if any(s.state.matcher is not None for s in plan.decode):
+            return 1
+        steps = min(MAX_BURST, int(BURST_S / self._step_s))
+        for s in plan.decode:
+            steps = self.scheduler.reserve(s, min(steps, s.limit - len(s.tokens)))
+        return max(steps, 1)
+
+    def _decode_burst(self, phase: str, seqs: list[Sequence], steps: int) -> float:
+        t0 = time.perf_counter()
+        with span(self.trace, "decode", "step", rows=len(seqs), steps=steps):
+            tokens = self.executor.burst(phase, self._decode_state(seqs, fed=False), steps)
+        seconds = time.perf_counter() - t0
+        self._step_s, self._burst = seconds / steps, steps
+        for row in tokens:
+            for j, s in enumerate(seqs):
+                if s.id in self._seqs:
+                    self.scheduler.done(s, 1)
+                    self._next(s, row[j], "next_token")
         return seconds
 
     # --- pipelined decode ---------------------------------------------------------------------

@@ -13,7 +13,9 @@ directly the first time (a warm-up: kernels loaded, caches touched), are recorde
 replayed from then on, where the driver has graphs. A bucket whose recording fails says why, once,
 in `notes`, and runs directly.
 The decode phases' greedy tokens are written into their own `tokens` slot (the plan's "fed_by"), so
-a step whose sequences are the last step's, in the same order, needs no token from the host.
+a step whose sequences are the last step's, in the same order, needs no token from the host; a burst
+(`burst`) replays such a step several times, advancing the positions, in one driver call where the
+driver has one (Driver.replay_steps).
 
 Late state. A step may give some of its state late (`queue(..., late={name: make})`): the launches
 that do not read those inputs are queued first, then each make() is called and its value written,
@@ -99,6 +101,10 @@ class Bucket:
     graphs: list[Any] | None = None  # one per part of the step (two when it has late state)
     steps: int = 0  # replays
     failed: str = ""  # why it could not be recorded
+
+
+def _bucket_key(phase: str, dims: dict[str, int], want: set[str], late: dict[str, Any]) -> tuple:
+    return phase, dims["rows"], dims["seqs"], tuple(sorted(want)), tuple(sorted(late))
 
 
 def _grid(grid: tuple, dims: dict[str, int]) -> tuple[int, int, int]:
@@ -297,8 +303,7 @@ class Executor:
         self.write_state(phase, state, dims)
         graphs = None
         if self.replay and phase != "prefill":
-            key = (phase, rows, dims["seqs"], tuple(sorted(want)), tuple(sorted(late)))
-            bucket = self.buckets.setdefault(key, Bucket())
+            bucket = self.buckets.setdefault(_bucket_key(phase, dims, want, late), Bucket())
             bucket.visits += 1
             if bucket.visits == 2:
                 self._record(bucket, phase, dims, self._parts(phase, self.calls(phase, dims, want), set(late)))
@@ -319,6 +324,29 @@ class Executor:
         reads = {name: self.driver.read(self.region(phase, ref, dims))
                  for name, ref in p.outputs.items() if name in want and not isinstance(ref, Cache)}
         return PendingStep(reads, time.perf_counter() - t0)
+
+    def burst(self, phase: str, state: dict[str, np.ndarray], steps: int) -> np.ndarray:
+        """`steps` greedy decode steps of `phase` from `state`, each one position further on than the one
+        before and fed its tokens: their tokens (steps x rows). The first is an ordinary step (a bucket's
+        warm-up and recording happen there); the rest are one native call where the driver has it and the
+        bucket is recorded (Driver.replay_steps), else steps through queue()."""
+        want = {"cache", "next_token"}
+        tokens = [self.run(phase, state, want)["next_token"]]
+        if steps == 1:
+            return np.stack(tokens)
+        dims = self.step_dims(phase, len(state["pos"]), len(state["pages"]))
+        bucket = self.buckets.get(_bucket_key(phase, dims, want, {}))
+        if bucket is not None and bucket.graphs and len(bucket.graphs) == 1 \
+                and self.phases[phase].state["tokens"].fed_by == "next_token":
+            with self._traced(f"replay {phase} x{dims['seqs']}, {steps - 1} steps", "graph"):
+                rest = self.driver.replay_steps(bucket.graphs[0], steps - 1, self.region(phase, State("pos"), dims),
+                                                self.region(phase, State("tokens"), dims))
+            if rest is not None:
+                bucket.steps += steps - 1
+                return np.concatenate([np.stack(tokens), rest])
+        for k in range(1, steps):
+            tokens.append(self.run(phase, dict(state, tokens=tokens[-1], pos=state["pos"] + k), want)["next_token"])
+        return np.stack(tokens)
 
     def _parts(self, phase: str, calls: list[tuple[int, Call]], late: set[str]) -> list[list[tuple[int, Call]]]:
         """The step's calls as one part, or with late state two: before and from the first launch that

@@ -103,6 +103,16 @@ class Scheduler:
                 self.pool.publish(seq.blocks[i], h)
             seq.published = full
 
+    def reserve(self, seq: Sequence, n: int) -> int:
+        """Blocks for seq's next n positions, as far as free blocks go (nobody is preempted for them): how
+        many of those positions have one."""
+        while self._blocks_for(seq.computed + n) > len(seq.blocks):
+            got = self.pool.allocate(1)
+            if got is None:
+                break
+            seq.blocks += got
+        return max(0, min(n, len(seq.blocks) * self.pool.page - seq.computed))
+
     def _blocks_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.pool.page)
 

@@ -25,8 +25,9 @@ def decode_rate(engine, prompts: list[list[int]], n_decode: int) -> dict:
     engine.run([Request(p, n_decode) for p in prompts])
     steps = [r for r in list(engine.records)[first:] if r["decode_rows"] == len(prompts) and not r["prefill_rows"]]
     seconds = sum(r["host_s"] + r["kernel_s"] for r in steps)
-    return {"sequences": len(prompts), "decode_steps": len(steps), "tok_s": round(len(prompts) * len(steps) / seconds, 2),
-            "step_ms": round(1e3 * seconds / len(steps), 2),
+    n = sum(r["decode_steps"] for r in steps)  # a record may be a burst of several
+    return {"sequences": len(prompts), "decode_steps": n, "tok_s": round(len(prompts) * n / seconds, 2),
+            "step_ms": round(1e3 * seconds / n, 2),
             "kernel_share": round(sum(r["kernel_s"] for r in steps) / seconds, 3)}
 
 

@@ -71,11 +71,12 @@ def rates(engine, requests, trace=None) -> dict:
     pre = [r for r in recs if r["prefill_rows"]]
     dec = [r for r in recs if r["decode_rows"] == len(requests) and not r["prefill_rows"]]
 
-    def rate(steps, key):
+    def rate(steps, rows):
         s = sum(r["host_s"] + r["kernel_s"] for r in steps)
-        return round(sum(r[key] for r in steps) / s, 2) if s else 0.0
-    return {"prefill_tok_s": rate(pre, "prefill_rows"), "decode_tok_s": rate(dec, "decode_rows"),
-            "decode_steps": len(dec)}
+        return round(sum(rows(r) for r in steps) / s, 2) if s else 0.0
+    return {"prefill_tok_s": rate(pre, lambda r: r["prefill_rows"]),
+            "decode_tok_s": rate(dec, lambda r: r["decode_rows"] * r["decode_steps"]),
+            "decode_steps": sum(r["decode_steps"] for r in dec)}
 
 
 def main() -> None:

@@ -205,6 +205,31 @@ def test_a_replayed_decode_step_is_one_native_call_and_changes_no_bit(tmp_path_f
 
 
 @each_compiler
+def test_a_decode_burst_gives_the_tokens_of_single_steps_in_one_native_call(tmp_path_factory, monkeypatch):
+    """A greedy burst (the executor's burst, graph.h lp_cpu_replay_steps) advances the position and feeds
+    each step the token the last one wrote, in native code: the tokens are those of single steps."""
+    plan = _engine(tmp_path_factory.getbasetemp(), TINY_BPE, ISAS[-1]).plan_path
+    stepped, bursting = Engine.load(plan), Engine.load(plan)
+    ids = stepped.tokenizer.encode(PROMPT, add_special=True, parse_special=True)
+    want, _ = _greedy(stepped, ids, 12, head="next_token")
+    first, _ = _greedy(bursting, ids, 1, head="next_token")
+    ex = bursting.executor
+    native = []
+    replay_steps = ex.driver.replay_steps
+    monkeypatch.setattr(ex.driver, "replay_steps", lambda *a: native.append(replay_steps(*a)) or native[-1])
+    pages = np.arange(pages_for(CTX), dtype=np.int32)[None, :]
+    got = list(first)
+    for steps in (3, 8):  # the first burst warms and records the bucket; the second replays it natively
+        state = {"tokens": np.array(got[-1:], np.int32), "pos": np.array([len(ids) + len(got) - 1], np.int32),
+                 "seq": np.zeros(1, np.int32), "pages": pages}
+        tokens = ex.burst("decode", state, steps)
+        assert tokens.shape == (steps, 1) and tokens.dtype == np.int32
+        got += [int(t) for t in tokens[:, 0]]
+    assert got == want
+    assert len(native) == 1 and native[0].shape == (7, 1)
+
+
+@each_compiler
 def test_a_timed_replay_runs_the_step_and_times_each_call(tmp_path_factory):
     """The profile's timed replay (cpu driver timed_replay, graph.h's clock readings) runs a decode step's
     calls as the step does: the same logits bit for bit, and a time for each call, together within the

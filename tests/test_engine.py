@@ -50,7 +50,8 @@ def _prompts(engine: Engine) -> list[list[int]]:
 
 
 def _alone(plan: str, prompts, n: int, params=SamplingParams()) -> list[list[int]]:
-    engine = Engine.load(plan, max_seqs=1)
+    """Each prompt alone, a decode step at a time (the batched engines burst: their tokens must be these)."""
+    engine = Engine.load(plan, max_seqs=1, bursts=False)
     return [engine.run([Request(p, n, params)])[0].ids for p in prompts]
 
 
@@ -99,7 +100,7 @@ def test_prefix_sharing_prefills_only_the_suffix(plans):
     (rb,) = engine.run([Request(b, 4)])
     shared = 200 // 16 * 16
     assert rb.timings["cached_tokens"] == shared
-    assert sum(r["prefill_rows"] + r["decode_rows"] for r in list(engine.records)[before:]) == len(b) - shared + 3
+    assert sum(r["prefill_rows"] + r["decode_rows"] * r["decode_steps"] for r in list(engine.records)[before:]) == len(b) - shared + 3
     assert rb.ids == Engine.load(plans("spm")).run([Request(b, 4)])[0].ids  # the shared blocks hold the same bits
     assert engine.pool.free_blocks == engine.pool.total and engine.pool.stats().cached > 0
 
@@ -109,7 +110,7 @@ def _active(engine):
 
 
 def test_cancel_in_every_phase_frees_every_block(plans):
-    engine = Engine.load(plans("spm"))
+    engine = Engine.load(plans("spm"), bursts=False)  # a burst could decode these 30 tokens in one step
     prompts = _prompts(engine)
     finished: dict[int, str] = {}
 
@@ -181,6 +182,27 @@ def test_limits_and_stops(plans):
     assert stopped.finish_reason == "stop" and stopped.text == full.text[:full.text.find(stop)]
     streamed = "".join(e.text for e in engine.generate([Request(story[:20], 40, stop=(stop,))]))
     assert streamed == stopped.text
+
+
+def test_decode_bursts_change_no_token_and_drop_what_follows_a_stop(plans):
+    """A burst runs several greedy decode steps in one call (Driver.replay_steps): tokens, texts and finish
+    reasons are those of single steps; a stop inside a burst drops the rows after it; no block is lost."""
+    plan = plans("spm")
+    stepped, bursting = Engine.load(plan, bursts=False), Engine.load(plan)
+    assert bursting.bursts and not stepped.bursts
+    prompts = _prompts(bursting)[:3]
+    text = stepped.run([Request(prompts[0], 60)])[0].text
+    stop = text[len(text) // 2:len(text) // 2 + 4]
+
+    def requests():
+        return [Request(prompts[0], 60, stop=(stop,)), Request(prompts[1], 60), Request(prompts[2], 45)]
+
+    want, got = stepped.run(requests()), bursting.run(requests())
+    assert [(r.ids, r.text, r.finish_reason) for r in got] == [(r.ids, r.text, r.finish_reason) for r in want]
+    assert got[0].finish_reason == "stop" and got[0].text == text[:text.find(stop)]
+    assert max(r["decode_steps"] for r in bursting.records) > 1
+    assert max(r["decode_steps"] for r in stepped.records) == 1
+    assert bursting.pool.free_blocks == bursting.pool.total
 
 
 def test_bad_requests_fail_alone(plans):

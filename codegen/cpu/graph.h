@@ -35,3 +35,16 @@ LP_KERNEL void lp_cpu_replay(int n, const lp_packed_fn* fns, const uint64_t* arg
     if (ns) ns[i + 1] = lp_clock_ns();
   }
 }
+
+// A greedy decode burst: the recorded step replayed `steps` times, each one position further on
+// (pos[r] += 1 for each of its `rows` rows) and reading the tokens the one before wrote (the fused tail
+// writes them into the tokens slot the embedding reads); out[s * rows + r] gets step s's token of row r.
+// The host learns `steps` tokens a row for one trip through Python and the engine.
+LP_KERNEL void lp_cpu_replay_steps(int n, const lp_packed_fn* fns, const uint64_t* args, const int* at, int steps,
+                                   int rows, int32_t* pos, const int32_t* tokens, int32_t* out) {
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < rows; ++r) pos[r] += 1;
+    lp_cpu_replay(n, fns, args, at, nullptr);
+    for (int r = 0; r < rows; ++r) out[s * rows + r] = tokens[r];
+  }
+}

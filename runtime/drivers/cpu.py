@@ -48,6 +48,7 @@ def view(region: Region) -> Any:
 
 class CpuDriver(HostDriver):
     name = "cpu"
+    bursts = True
     lib: CpuLibrary | None = None  # the compiled kernels (None: the plan's calls are the NumPy twins)
 
     def load(self, body: PlanBody, header: PlanHeader) -> None:
@@ -80,7 +81,7 @@ class CpuDriver(HostDriver):
         _, types = self.lib.entry(call.name)
         if len(types) != len(call.args):
             raise InputError(f"kernel {call.name}: {len(call.args)} arguments for {len(types)} parameters")
-        return tuple(a.value if isinstance(a, Scalar) else a.buffer.ctypes.data + a.offset for a in call.args)
+        return tuple(a.value if isinstance(a, Scalar) else _address(a) for a in call.args)
 
     def _native(self, call: Call) -> Callable[[], None]:
         """The entry point with its arguments bound, fixed from here on."""
@@ -112,13 +113,23 @@ class CpuDriver(HostDriver):
             with _POOL:
                 replay(ns)
 
-        run.keep = (replay, _buffers(calls))
+        run.replayer, run.keep = replay, _buffers(calls)
         return run
 
     def record(self, calls: list[Call]) -> Graph:
         """A step of compiled kernels as one native call (graph.h); the NumPy twins as a list of calls."""
         run = self._replay(calls)
         return HostGraph([run]) if run else super().record(calls)
+
+    def replay_steps(self, graph: Graph, steps: int, pos: Region, tokens: Region) -> np.ndarray | None:
+        """graph.h's burst, where the graph is one native replay of a library that has it."""
+        replayer = getattr(graph.steps[0], "replayer", None) if len(graph.steps) == 1 else None
+        if replayer is None or not replayer.bursts:
+            return None
+        out = np.empty((steps, pos.shape[0]), np.int32)
+        with _POOL:
+            replayer.replay_steps(steps, _address(pos), _address(tokens), out)
+        return out
 
     def timed_replay(self, calls: list[Call]) -> Callable[[], np.ndarray] | None:
         """The compiled calls replayed as record() replays them, returning each call's seconds (the
@@ -134,6 +145,10 @@ class CpuDriver(HostDriver):
 
         timed.keep = run
         return timed
+
+
+def _address(region: Region) -> int:
+    return region.buffer.ctypes.data + region.offset
 
 
 def _buffers(calls: list[Call]) -> list:
