@@ -127,22 +127,38 @@ inline void slice(const Attn& a, int r, int h, int lo, int hi, const float* qh, 
   s.resize((size_t)G * n);
 #if LP_CPU_ISA >= 1
   const int dv = d / VL * VL;
-  for (int t = 0; t < n; ++t) {
-    const lp_half* krow = row(kp, lo + t);
-    if (t + KV_AHEAD < n) prefetch_row(row(kp, lo + t + KV_AHEAD), d);
-    prefetch_row(row(vp, lo + t), d);
-    Vf sum[G];
-    for (int g = 0; g < G; ++g) sum[g] = vzero();
+  // the scores of U positions from t: U G independent sums, each position's in its own order
+  auto scores = [&]<int U>(int t) {
+    const lp_half* krow[U];
+    for (int u = 0; u < U; ++u) {
+      krow[u] = row(kp, lo + t + u);
+      if (t + u + KV_AHEAD < n) prefetch_row(row(kp, lo + t + u + KV_AHEAD), d);
+      prefetch_row(row(vp, lo + t + u), d);
+    }
+    Vf sum[U][G];
+    for (int u = 0; u < U; ++u)
+      for (int g = 0; g < G; ++g) sum[u][g] = vzero();
     for (int i = 0; i < dv; i += VL) {
-      const Vf kf = vload_h(krow + i);
-      for (int g = 0; g < G; ++g) sum[g] = vfma(vload(qh + (size_t)g * d + i), kf, sum[g]);
+      Vf kf[U];
+      for (int u = 0; u < U; ++u) kf[u] = vload_h(krow[u] + i);
+      for (int g = 0; g < G; ++g) {
+        const Vf qf = vload(qh + (size_t)g * d + i);
+        for (int u = 0; u < U; ++u) sum[u][g] = vfma(qf, kf[u], sum[u][g]);
+      }
     }
-    for (int g = 0; g < G; ++g) {
-      float sg = vsum(sum[g]);
-      for (int i = dv; i < d; ++i) sg += qh[(size_t)g * d + i] * lp_h2f(krow[i]);
-      s[(size_t)g * n + t] = sg * a.scale;
-    }
-  }
+    for (int u = 0; u < U; ++u)
+      for (int g = 0; g < G; ++g) {
+        float sg = vsum(sum[u][g]);
+        for (int i = dv; i < d; ++i) sg += qh[(size_t)g * d + i] * lp_h2f(krow[u][i]);
+        s[(size_t)g * n + t + u] = sg * a.scale;
+      }
+  };
+  // two positions a pass where their 2 G sums fit the registers: G = 4 alone waits on each FMA's latency
+  // (gemma3-270m's decode attention at 6000 positions, alternated: 1.066-1.073x, the same bits)
+  constexpr int P = 2 * G + 4 <= (VL == 16 ? 32 : 16) ? 2 : 1;
+  int at = 0;
+  for (; at + P <= n; at += P) scores.template operator()<P>(at);
+  for (; at < n; ++at) scores.template operator()<1>(at);
 #else
   for (int t = 0; t < n; ++t) {
     const lp_half* krow = row(kp, lo + t);
