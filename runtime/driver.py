@@ -89,6 +89,7 @@ class Driver(ABC):
     graphs: bool = False  # whether record() captures calls for replay
     overlaps: bool = False  # whether launches run asynchronously to the host (a pipelined decode pays off)
     bursts: bool = False  # whether replay_steps runs a greedy decode burst in one call
+    records_free: bool = False  # whether record() costs no more than binding the calls (executor: prefill replays too)
     host_memory: bool = False  # whether put() may use the host array in place (the caller keeps it alive)
     threads: int | None = None  # host threads the kernels run on (cpu, emu), set before load; None: every core
 

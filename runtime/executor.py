@@ -11,7 +11,10 @@ Decode buckets. In a decode phase every argument and grid is fixed for a given b
 changes per step is read from the step-state slots. So a (phase, width, outputs) bucket's calls run
 directly the first time (a warm-up: kernels loaded, caches touched), are recorded the second time and
 replayed from then on, where the driver has graphs. A bucket whose recording fails says why, once,
-in `notes`, and runs directly.
+in `notes`, and runs directly. Where recording costs no more than binding the calls for a direct run
+(Driver.records_free: the cpu driver's graph is one native call) and no trace wants each launch once,
+every bucket is recorded at its first visit, and prefill chunks are buckets too (by rows and sequences):
+a chunk then costs one call, not a trip through Python per launch.
 The decode phases' greedy tokens are written into their own `tokens` slot (the plan's "fed_by"), so
 a step whose sequences are the last step's, in the same order, needs no token from the host; a burst
 (`burst`) replays such a step several times, advancing the positions, in one driver call where the
@@ -302,10 +305,11 @@ class Executor:
         dims = self.step_dims(phase, rows, len(state["pages"]))
         self.write_state(phase, state, dims)
         graphs = None
-        if self.replay and phase != "prefill":
+        at_once = self.driver.records_free and self.trace is None  # a trace shows a bucket's launches once
+        if self.replay and (phase != "prefill" or at_once):
             bucket = self.buckets.setdefault(_bucket_key(phase, dims, want, late), Bucket())
             bucket.visits += 1
-            if bucket.visits == 2:
+            if bucket.visits == (1 if at_once else 2):
                 self._record(bucket, phase, dims, self._parts(phase, self.calls(phase, dims, want), set(late)))
             if bucket.graphs is not None:
                 graphs = bucket.graphs
@@ -383,7 +387,9 @@ class Executor:
                 bucket.graphs = [self.driver.record([c for _, c in part]) if part else None for part in parts]
         except Exception as e:  # the backend's capture failed: this bucket runs directly, and says so once
             bucket.failed = f"{type(e).__name__}: {e}"
-            self.notes.append(f"{phase} at {dims['seqs']} sequences runs directly: recording failed ({bucket.failed})")
+            note = f"{phase} at {dims['seqs']} sequences runs directly: recording failed ({bucket.failed})"
+            if note not in self.notes:  # prefill buckets differ by rows: one note for them all
+                self.notes.append(note)
 
     def run_launch(self, phase: str, index: int, state: dict[str, np.ndarray]) -> None:
         """Launch i of `phase` alone (all its kernel calls) on the step state: a differential test feeds

@@ -175,8 +175,8 @@ def test_a_bucket_that_cannot_be_recorded_runs_directly_and_says_so_once(plans, 
     engine = Engine.load(plans["cpu"])
     assert engine.run([Request("Once upon a time", 8)])[0].ids == want
     notes = [n for r in engine.records for n in r.get("notes", [])]
-    assert notes == ["decode at 1 sequences runs directly: recording failed (RuntimeError: capture is not "
-                     "supported here)"]
+    assert notes == [f"{phase} at 1 sequences runs directly: recording failed (RuntimeError: capture is not "
+                     "supported here)" for phase in ("prefill", "decode")]  # the cpu driver records prefill too
     assert all(b.graphs is None and b.steps == 0 for b in engine.executor.buckets.values())
 
 

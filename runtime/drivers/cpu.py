@@ -48,7 +48,7 @@ def view(region: Region) -> Any:
 
 class CpuDriver(HostDriver):
     name = "cpu"
-    bursts = True
+    bursts = records_free = True
     lib: CpuLibrary | None = None  # the compiled kernels (None: the plan's calls are the NumPy twins)
 
     def load(self, body: PlanBody, header: PlanHeader) -> None:
