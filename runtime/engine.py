@@ -282,7 +282,7 @@ class Engine:
     # --- one step ------------------------------------------------------------------------------
 
     def step(self) -> list[Event]:
-        """Compute one step; returns the events it produced (tokens, finishes)."""
+        """Compute one step (a decode burst: several); returns the events it produced (tokens, finishes)."""
         t0 = time.perf_counter()
         events, self._events = self._events, []
         kernel_s = 0.0
