@@ -243,28 +243,37 @@ inline void combine(const float* part, int splits, int d, float* out) {
 }
 
 // part [rows, heads, splits, d + 2]: every slice of every row, (0, -inf, 0) where a slice is empty;
-// G = heads / kv_heads
+// G = heads / kv_heads. The tasks are the slices [j0, j1] that some row uses: the pool's contiguous
+// shares then split the work, not a range of empty slices (a 512-position window at position 6000 is
+// slices 21-23 of 32: as 32 tasks, one thread's share held all three)
 template <int G> inline void attention_partial(const Attn& a, float* part, int rows, int splits) {
   const int d = a.d;
-  lp_parallel(rows * a.kv_heads * splits, [&](int t) {
-    const int j = t % splits, h = t / splits % a.kv_heads, r = t / splits / a.kv_heads;
-    const int p = a.pos[r], first = a.first(r);
-    auto at = [&](int g) { return part + (((size_t)r * a.heads + (size_t)h * G + g) * splits + j) * (d + 2); };
-    if (j < first / a.chunk || j > p / a.chunk) {
-      for (int g = 0; g < G; ++g) {
-        float* o = at(g);
-        for (int i = 0; i < d; ++i) o[i] = 0.0f;
-        o[d] = -__builtin_inff(), o[d + 1] = 0.0f;
-      }
-      return;
+  auto at = [&](int r, int h, int g, int j) { return part + (((size_t)r * a.heads + (size_t)h * G + g) * splits + j) * (d + 2); };
+  auto empty = [&](int r, int h, int j) {
+    for (int g = 0; g < G; ++g) {
+      float* o = at(r, h, g, j);
+      for (int i = 0; i < d; ++i) o[i] = 0.0f;
+      o[d] = -__builtin_inff(), o[d + 1] = 0.0f;
     }
+  };
+  int j0 = splits - 1, j1 = 0;
+  for (int r = 0; r < rows; ++r) j0 = lp_min(j0, a.first(r) / a.chunk), j1 = lp_max(j1, a.pos[r] / a.chunk);
+  for (int r = 0; r < rows; ++r)
+    for (int h = 0; h < a.kv_heads; ++h)
+      for (int j = 0; j < splits; ++j)
+        if (j < j0 || j > j1) empty(r, h, j);
+  const int used = j1 - j0 + 1;
+  lp_parallel(rows * a.kv_heads * used, [&](int t) {
+    const int j = j0 + t % used, h = t / used % a.kv_heads, r = t / used / a.kv_heads;
+    const int p = a.pos[r], first = a.first(r);
+    if (j < first / a.chunk || j > p / a.chunk) return empty(r, h, j);
     static thread_local std::vector<float> qh, acc, s;
     qh.resize((size_t)G * d), acc.resize((size_t)G * d);
     query_heads(a, r, h, qh.data());
     float m[G], l[G];
     slice<G>(a, r, h, lp_max(first, j * a.chunk), lp_min(p + 1, (j + 1) * a.chunk), qh.data(), acc.data(), m, l, s);
     for (int g = 0; g < G; ++g) {
-      float* o = at(g);
+      float* o = at(r, h, g, j);
       for (int i = 0; i < d; ++i) o[i] = acc[(size_t)g * d + i];
       o[d] = m[g], o[d + 1] = l[g];
     }
