@@ -144,11 +144,7 @@ class Scheduler:
     def _room_for_next(self, seq: Sequence, step: Step) -> bool:
         """Make sure seq has a block for its next position, preempting the newest others if needed;
         False if seq itself had to go."""
-        while self._blocks_for(seq.computed + 1) > len(seq.blocks):
-            got = self.pool.allocate(1)
-            if got is not None:
-                seq.blocks += got
-                return True
+        while not self.reserve(seq, 1):
             victim = max(self.running, key=lambda s: s.admitted)
             self._preempt(victim, step)
             if victim is seq:
